@@ -1,0 +1,99 @@
+"""One frozen config tree, built once from CLI flags / `LLM(...)` keyword arguments.
+
+Nothing below the engine reads the environment; everything it needs is here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture, in Hugging Face `config.json` terms (GGUF metadata is mapped onto it)."""
+
+    architecture: str  # e.g. "LlamaForCausalLM"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # llama3-style: {"rope_type": "llama3", "factor": ..., ...}
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2: bias on q, k, v projections
+    sliding_window: int | None = None  # Mistral: attend to the last `sliding_window` tokens only
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @staticmethod
+    def from_hf_dict(cfg: dict) -> "ModelConfig":
+        archs = cfg.get("architectures") or []
+        if not archs:
+            raise ValueError("config.json has no 'architectures' entry")
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        rope_theta = cfg.get("rope_theta")
+        rope_scaling = cfg.get("rope_scaling")
+        rope_params = cfg.get("rope_parameters")  # transformers 5 puts rope settings here
+        if isinstance(rope_params, dict):
+            rope_theta = rope_theta or rope_params.get("rope_theta")
+            if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
+                rope_scaling = rope_params
+        sliding = cfg.get("sliding_window")
+        if cfg.get("use_sliding_window") is False:  # Qwen2 ships a window it does not use
+            sliding = None
+        return ModelConfig(
+            architecture=archs[0],
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_hidden_layers=int(cfg["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta or 10000.0),
+            rope_scaling=dict(rope_scaling) if rope_scaling else None,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)) or archs[0] == "Qwen2ForCausalLM",
+            sliding_window=int(sliding) if sliding else None,
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    kv_cache_memory: int | None = None  # bytes; None: a fraction of free memory
+    kv_cache_memory_fraction: float = 0.25  # of available memory on CPU, of free memory on CUDA
+    num_blocks: int | None = None  # overrides the memory budget (tests use tiny pools)
+    enable_prefix_caching: bool = True
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    max_model_len: int = 8192
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: str
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device: str = "cpu"  # resolved: "cpu" or "cuda"
+    dtype: str = "float32"  # resolved: "float32" | "bfloat16" | "float16"
+    load_format: str = "auto"  # auto | gguf | safetensors | dummy
+    seed: int = 0
+    num_threads: int | None = None
