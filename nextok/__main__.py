@@ -1,0 +1,5 @@
+import sys
+
+from nextok.cli import main
+
+sys.exit(main())

@@ -1,0 +1,97 @@
+"""What every benchmark result carries: machine, commit, command; and the meters it uses.
+
+- `Meter` samples this process's RSS in a background thread (peak memory of a phase) and
+  reads, from /proc/stat, how much CPU time *other* processes took during the phase: these
+  machines are shared, and a slow period must be visible in the result, not hidden in it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+
+def git_commit() -> dict:
+    def run(*cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=10,
+                                  cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"commit": run("git", "rev-parse", "HEAD") or "unknown",
+            "dirty": bool(run("git", "status", "--porcelain", "--untracked-files=no"))}
+
+
+def header(extra: dict | None = None) -> dict:
+    from nextok import __version__, platform
+
+    return {
+        "nextok_version": __version__,
+        **git_commit(),
+        "command": "nextok " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("nextok")
+        else " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": platform.describe_machine(),
+        **(extra or {}),
+    }
+
+
+def _cpu_jiffies() -> tuple[int, int]:
+    """(busy jiffies of the whole machine, jiffies of this process incl. children threads)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # minus idle, iowait
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    own = int(parts[11]) + int(parts[12])  # utime + stime
+    return busy, own
+
+
+class Meter:
+    """with Meter() as m: ...; then m.seconds, m.peak_rss, m.other_cpu_seconds."""
+
+    def __init__(self, interval: float = 0.02):
+        import psutil
+
+        self._proc = psutil.Process()
+        self._interval = interval
+        self._stop = threading.Event()
+        self.peak_rss = 0
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
+
+    def __enter__(self):
+        self.peak_rss = self._proc.memory_info().rss
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        self._busy0, self._own0 = _cpu_jiffies()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self._t0
+        busy1, own1 = _cpu_jiffies()
+        self._stop.set()
+        self._thread.join()
+        self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
+        hz = os.sysconf("SC_CLK_TCK")
+        self.other_cpu_seconds = max(0, (busy1 - self._busy0) - (own1 - self._own0)) / hz
+        self.own_cpu_seconds = (own1 - self._own0) / hz
+        return False
+
+    def summary(self) -> dict:
+        return {"seconds": round(self.seconds, 4), "peak_rss_mib": round(self.peak_rss / 2**20, 1),
+                "own_cpu_seconds": round(self.own_cpu_seconds, 2),
+                "other_processes_cpu_seconds": round(self.other_cpu_seconds, 2)}
+
+
+def write_json(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")

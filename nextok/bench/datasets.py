@@ -1,0 +1,62 @@
+"""Prompt sets for the offline benchmarks.
+
+- `random`: token ids drawn uniformly from the ordinary (non-special) vocabulary, exactly
+  `input_len` long; generation ignores EOS so every request yields exactly `output_len` tokens.
+- `code`: windows of exactly `input_len` tokens cut from real source files: the Python standard
+  library installed on this machine, a real corpus present everywhere Python is.
+"""
+from __future__ import annotations
+
+import os
+import random
+import sysconfig
+
+
+def random_prompts(tokenizer, num: int, input_len: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    special = set(tokenizer.all_special_ids)
+    # Skip the first ids too: byte-level vocabularies keep special and control tokens low.
+    candidates = [i for i in range(256, tokenizer.vocab_size) if i not in special]
+    return [[rng.choice(candidates) for _ in range(input_len)] for _ in range(num)]
+
+
+def stdlib_files(limit: int | None = None) -> list[str]:
+    root = sysconfig.get_paths()["stdlib"]
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "test", "tests",
+                                                               "idlelib", "__pycache__"))
+        files += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
+    return files[:limit] if limit else files
+
+
+def code_prompts(tokenizer, num: int, input_len: int, seed: int) -> list[list[int]]:
+    """`num` windows of `input_len` tokens, each from a different stdlib file (cycled if few)."""
+    rng = random.Random(seed)
+    files = stdlib_files()
+    rng.shuffle(files)
+    prompts: list[list[int]] = []
+    for path in files:
+        if len(prompts) == num:
+            break
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read(200_000)
+        except (OSError, UnicodeDecodeError):
+            continue
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) < input_len + 1:
+            continue
+        start = rng.randrange(0, len(ids) - input_len)
+        prompts.append(ids[start:start + input_len])
+    if len(prompts) < num:
+        raise RuntimeError(f"found only {len(prompts)} stdlib files with {input_len}+ tokens")
+    return prompts
+
+
+def build(name: str, tokenizer, num: int, input_len: int, seed: int) -> list[list[int]]:
+    if name == "random":
+        return random_prompts(tokenizer, num, input_len, seed)
+    if name == "code":
+        return code_prompts(tokenizer, num, input_len, seed)
+    raise ValueError(f"unknown dataset {name!r} (random | code)")

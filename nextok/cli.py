@@ -1,0 +1,132 @@
+"""`nextok` command line: generate, pull, bench. Errors are one line and a non-zero exit."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from nextok import __version__
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Engine flags shared by every command that loads a model (names match `EngineArgs`)."""
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=None,
+                   help="GGUF file, Hugging Face directory, or alias (default: smollm2-135m-instruct)")
+    g.add_argument("--tokenizer", default=None, help="tokenizer directory, if not the model's")
+    g.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    g.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    g.add_argument("--load-format", default="auto", choices=["auto", "gguf", "safetensors", "dummy"])
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--kv-cache-memory", type=_bytes, default=None,
+                   help="KV pool size, e.g. 2GiB (default: a fraction of free memory)")
+    g.add_argument("--kv-cache-memory-fraction", type=float, default=0.25)
+    g.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV pool size in blocks")
+    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
+    g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--num-threads", type=int, default=None, help="CPU threads (default: torch's)")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    from dataclasses import fields
+
+    from nextok.engine.factory import EngineArgs
+
+    return {f.name: getattr(args, f.name) for f in fields(EngineArgs) if hasattr(args, f.name)}
+
+
+def _bytes(text: str) -> int:
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    t = text.strip().lower()
+    for suffix, mult in units.items():
+        if t.endswith(suffix):
+            return int(float(t[: -len(suffix)]) * mult)
+    return int(t)
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from nextok import LLM, SamplingParams
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                            top_p=args.top_p, top_k=args.top_k, seed=args.sample_seed,
+                            stop=args.stop or None, ignore_eos=args.ignore_eos)
+    llm = LLM(**engine_kwargs(args))
+    prompt = args.prompt
+    if args.chat:
+        tok = llm.get_tokenizer()
+        prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}]),
+                            add_special_tokens=False)
+    else:
+        sys.stdout.write(prompt)
+    for delta in llm.stream(prompt, params):
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def _cmd_pull(args: argparse.Namespace) -> int:
+    from nextok import hub
+
+    path = hub.pull(args.name or hub.DEFAULT_MODEL, force=args.force)
+    print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nextok", description="LLM inference server for code.")
+    parser.add_argument("--version", action="version", version=f"nextok {__version__}")
+    parser.add_argument("--log-level", default="warning")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    gen = sub.add_parser("generate", help="generate text from a prompt, streamed to the terminal")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--sample-seed", type=int, default=None, help="sampling seed")
+    gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    add_engine_args(gen)
+    gen.set_defaults(func=_cmd_generate)
+
+    pull = sub.add_parser("pull", help="download a known model into the cache")
+    pull.add_argument("name", nargs="?", default=None)
+    pull.add_argument("--force", action="store_true", help="download again even if cached")
+    pull.set_defaults(func=_cmd_pull)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
+    from nextok.bench import throughput
+
+    throughput.add_parser(bench_sub, add_engine_args)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    from nextok.errors import NextokError
+
+    try:
+        return int(args.func(args) or 0)
+    except (NextokError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

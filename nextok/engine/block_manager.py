@@ -1,0 +1,205 @@
+"""Paged KV-cache bookkeeping: which physical block holds which tokens of which sequence.
+
+Pure Python, no tensors. The KV pool itself lives in the worker; here a block is an id.
+
+- Block 0 is the *null block*: never allocated, it stands in the block table for blocks that a
+  sliding window has freed, and pads block tables in the worker.
+- Blocks are reference counted: sequences sharing a cached prefix (n > 1, or two requests with
+  the same system prompt) point at the same physical block.
+- Automatic prefix caching: a full block whose KV is computed is registered under a chained hash
+  hash(parent_hash, its token ids). A later sequence whose prompt starts with the same tokens
+  reuses the block instead of recomputing it. On a hash hit the token ids are compared too, so a
+  hash collision can never serve wrong KV.
+- A block whose ref count drops to 0 goes to the back of the free queue but keeps its hash: it
+  can still be hit until it is reused. Allocation takes from the front, so eviction is LRU.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from nextok.engine.sequence import Sequence
+
+NULL_BLOCK = 0
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "block_hash", "token_ids")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.block_hash: int | None = None
+        self.token_ids: tuple[int, ...] | None = None  # kept for the collision check on a hit
+
+
+def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    # Python's hash of a tuple of ints does not depend on PYTHONHASHSEED, so it is stable.
+    return hash((parent_hash, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 2:
+            raise ValueError(f"the KV pool needs at least 2 blocks, got {num_blocks}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # Blocks with ref_count 0, front = least recently freed = evicted first.
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(1, num_blocks))
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        # Counters for metrics (queries and hits counted in tokens, as vLLM does).
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    # ---- queries -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks held by live sequences (cached-but-free blocks count as free)."""
+        return 1.0 - self.num_free_blocks / (self.num_blocks - 1)
+
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        return max(0, total - len(seq.block_table))
+
+    # ---- prefix cache --------------------------------------------------------------------
+    def find_cached_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
+        """Longest run of leading full blocks of `seq` already in the cache.
+
+        Returns (block ids, their hashes). At least one token is always left to compute, since the
+        step that computes it also yields the logits for the next token.
+        """
+        if not self.enable_prefix_caching:
+            return [], []
+        bs = self.block_size
+        max_blocks = (seq.num_tokens - 1) // bs
+        ids: list[int] = []
+        hashes: list[int] = []
+        parent = None
+        for i in range(max_blocks):
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            h = hash_block(parent, tokens)
+            block_id = self.cached.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            ids.append(block_id)
+            hashes.append(h)
+            parent = h
+        return ids, hashes
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the blocks of `seq` that became full of computed KV since the last call."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        num_full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        for i in range(len(seq.block_hashes), num_full):
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            h = hash_block(parent, tokens)
+            block = self.blocks[seq.block_table[i]]
+            if h not in self.cached and block.block_hash is None:
+                block.block_hash, block.token_ids = h, tokens
+                self.cached[h] = block.block_id
+            seq.block_hashes.append(h)
+            parent = h
+
+    # ---- allocation ----------------------------------------------------------------------
+    def can_admit(self, cached_ids: list[int], num_tokens_after: int) -> bool:
+        """Can a waiting sequence start with `cached_ids` as its prefix and hold `num_tokens_after`?"""
+        # Touching a cached block that sits in the free queue takes it out of the free pool.
+        reclaimed = sum(1 for b in cached_ids if self.blocks[b].ref_count == 0)
+        needed = -(-num_tokens_after // self.block_size) - len(cached_ids)
+        return needed + reclaimed <= self.num_free_blocks
+
+    def admit_cached(self, seq: Sequence, cached_ids: list[int], cached_hashes: list[int]) -> None:
+        """Give a newly scheduled `seq` the prefix blocks found by `find_cached_prefix`."""
+        assert not seq.block_table, "admit_cached on a sequence that already holds blocks"
+        for block_id in cached_ids:
+            self._ref(block_id)
+        seq.block_table = list(cached_ids)
+        seq.block_hashes = list(cached_hashes)
+        seq.num_computed_tokens = len(cached_ids) * self.block_size
+        seq.num_cached_tokens = seq.num_computed_tokens
+        if self.enable_prefix_caching:
+            self.prefix_queries += seq.num_tokens
+            self.prefix_hits += seq.num_cached_tokens
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Make room for `num_new_tokens` more tokens of `seq`; False (and no change) if it can't."""
+        needed = self.blocks_needed(seq, num_new_tokens)
+        if needed > self.num_free_blocks:
+            return False
+        for _ in range(needed):
+            block_id, _ = self.free_queue.popitem(last=False)
+            block = self.blocks[block_id]
+            if block.block_hash is not None:  # evict its cached contents
+                if self.cached.get(block.block_hash) == block_id:
+                    del self.cached[block.block_hash]
+                block.block_hash = block.token_ids = None
+            block.ref_count = 1
+            seq.block_table.append(block_id)
+        return True
+
+    def free(self, seq: Sequence) -> None:
+        """Release every block of `seq` (finished, aborted or preempted)."""
+        # Reverse order: the tail of a sequence is the least likely to be shared, so it is
+        # put at the front of the LRU queue and evicted first.
+        for block_id in reversed(seq.block_table):
+            if block_id != NULL_BLOCK:
+                self._unref(block_id)
+        seq.block_table = []
+        seq.block_hashes = []
+
+    def free_outside_window(self, seq: Sequence, window: int) -> None:
+        """Sliding window: free blocks no future token can attend to (replaced by the null block).
+
+        The next token computed sits at position p = num_computed_tokens and attends to
+        positions [p - window + 1, p]; a block is dead once its last position is below that.
+        """
+        first_live_pos = seq.num_computed_tokens - window + 1
+        num_dead = max(0, first_live_pos) // self.block_size
+        for i in range(min(num_dead, len(seq.block_table))):
+            if seq.block_table[i] != NULL_BLOCK:
+                self._unref(seq.block_table[i])
+                seq.block_table[i] = NULL_BLOCK
+
+    def _ref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_queue[block_id]
+        block.ref_count += 1
+
+    def _unref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        assert block.ref_count > 0, f"double free of block {block_id}"
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free_queue[block_id] = None
+
+    def reset_prefix_cache(self) -> None:
+        for block_id in self.free_queue:
+            block = self.blocks[block_id]
+            block.block_hash = block.token_ids = None
+        self.cached = {h: b for h, b in self.cached.items() if self.blocks[b].ref_count > 0}
+
+    # ---- integrity -----------------------------------------------------------------------
+    def check_integrity(self, live: list[Sequence] = ()) -> None:
+        """Assert the pool is consistent with the live sequences (used by tests after every step)."""
+        expected = [0] * self.num_blocks
+        for seq in live:
+            for block_id in seq.block_table:
+                if block_id != NULL_BLOCK:
+                    expected[block_id] += 1
+        for block in self.blocks[1:]:
+            assert block.ref_count == expected[block.block_id], (
+                f"block {block.block_id}: ref_count {block.ref_count} != {expected[block.block_id]} users")
+            assert (block.ref_count == 0) == (block.block_id in self.free_queue), (
+                f"block {block.block_id}: free-queue membership disagrees with ref_count")
+        assert NULL_BLOCK not in self.free_queue and self.blocks[NULL_BLOCK].ref_count == 0
+        for h, block_id in self.cached.items():
+            assert self.blocks[block_id].block_hash == h, f"cache entry {h} -> block {block_id} is stale"

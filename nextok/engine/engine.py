@@ -1,0 +1,173 @@
+"""The engine loop: requests in, one batched model step at a time, outputs out.
+
+    step(): scheduler.schedule() -> runner.execute() -> scheduler.update() -> detokenize -> outputs
+
+The engine sees token ids; prompt strings are tokenized here only as a convenience for the
+offline API. Everything is synchronous and single-threaded; `AsyncEngine` (server) wraps it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from nextok.config import EngineConfig
+from nextok.engine.block_manager import BlockManager
+from nextok.engine.detokenizer import IncrementalDetokenizer
+from nextok.engine.scheduler import Scheduler
+from nextok.engine.sequence import Sequence, SequenceStatus
+from nextok.errors import InvalidRequestError
+from nextok.outputs import CompletionOutput, Logprob, RequestOutput
+from nextok.sampling_params import SamplingParams
+from nextok.worker.model_runner import ModelRunner
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    stream: bool
+    seqs: list[Sequence]
+    detoks: list[IncrementalDetokenizer]
+    logprobs: list[list[Logprob]] | None
+    metrics: dict = field(default_factory=dict)
+    emitted: list[int] = field(default_factory=list)  # per seq: output tokens already streamed
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, tokenizer, runner: ModelRunner, num_blocks: int,
+                 max_model_len: int):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.runner = runner
+        self.max_model_len = max_model_len
+        mc = config.model
+        # Prefix caching and a sliding window don't mix here: freed window blocks break chains.
+        prefix = config.cache.enable_prefix_caching and mc.sliding_window is None
+        self.block_manager = BlockManager(num_blocks, config.cache.block_size, prefix)
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, mc.eos_token_ids,
+                                   mc.sliding_window)
+        self.requests: dict[str, _Request] = {}
+
+    # ---- requests ------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    stream: bool = False, arrival: float | None = None) -> None:
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        text = prompt if isinstance(prompt, str) else None
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self._validate(ids, params)
+        arrival = time.monotonic() if arrival is None else arrival
+        seqs = [Sequence(request_id, ids, params, index=i, arrival=arrival) for i in range(params.n)]
+        detoks = [IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens,
+                                         params.stop, params.include_stop_str_in_output)
+                  for _ in seqs]
+        lps = [[] for _ in seqs] if params.logprobs is not None else None
+        req = _Request(request_id, text, ids, params, stream, seqs, detoks, lps,
+                       {"arrival": arrival}, [0] * len(seqs))
+        self.requests[request_id] = req
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
+        vocab = self.config.model.vocab_size
+        bad = next((t for t in ids if not (0 <= t < vocab)), None)
+        if bad is not None:
+            raise InvalidRequestError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens; the context window is {self.max_model_len} "
+                f"tokens, including at least one generated token")
+        if params.max_tokens is not None and len(ids) + params.max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
+                f"the context window of {self.max_model_len} tokens")
+
+    def abort_request(self, request_id: str) -> bool:
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return False
+        for seq in req.seqs:
+            self.scheduler.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        self.runner.release(s.seq_id for s in req.seqs)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- the step ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        model_out = self.runner.execute(sched)
+        self.scheduler.update(sched, model_out.sampled)
+        now = time.monotonic()
+        touched: dict[str, _Request] = {}
+        for item in sched.scheduled:
+            seq = item.seq
+            token = model_out.sampled.get(seq.seq_id)
+            req = self.requests.get(seq.request_id)
+            if token is None or req is None:
+                continue
+            req.metrics.setdefault("first_token", now)
+            self._detokenize(req, seq, token, model_out.logprobs.get(seq.seq_id))
+            touched[req.request_id] = req
+        outputs = []
+        for req in touched.values():
+            if req.finished:
+                req.metrics["finished"] = now
+                del self.requests[req.request_id]
+                self.runner.release(s.seq_id for s in req.seqs)
+                outputs.append(self._output(req))
+            elif req.stream:
+                outputs.append(self._output(req))
+        return outputs
+
+    def _detokenize(self, req: _Request, seq: Sequence, token: int, lp) -> None:
+        detok = req.detoks[seq.index]
+        _, stopped = detok.step([token])
+        if stopped and not seq.is_finished:
+            seq.stop_reason = detok.stop_reason
+            self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED)
+        elif seq.is_finished and not stopped:
+            detok.finish()  # flush text held back for a stop string that never completed
+        if req.logprobs is not None and lp is not None:
+            req.logprobs[seq.index].append(Logprob(token, lp.logprob, lp.top))
+
+    def _output(self, req: _Request) -> RequestOutput:
+        outs = []
+        for i, (seq, detok) in enumerate(zip(req.seqs, req.detoks)):
+            text = detok.output_text
+            prev = req.emitted[i]
+            delta_text = text[prev:]
+            req.emitted[i] = len(text)
+            tokens = seq.output_token_ids
+            outs.append(CompletionOutput(
+                index=i, text=text, token_ids=tokens,
+                finish_reason=seq.status.value if seq.is_finished else None,
+                stop_reason=seq.stop_reason,
+                logprobs=list(req.logprobs[i]) if req.logprobs is not None else None,
+                delta_text=delta_text))
+        cached = min(s.num_cached_tokens for s in req.seqs)
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs,
+                             finished=req.finished, num_cached_tokens=cached, metrics=dict(req.metrics))
+
+    # ---- stats ---------------------------------------------------------------------------
+    def stats(self) -> dict:
+        bm = self.block_manager
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "kv_cache_usage": bm.usage,
+            "prefix_cache_queries": bm.prefix_queries,
+            "prefix_cache_hits": bm.prefix_hits,
+            "num_preemptions": self.scheduler.num_preemptions,
+        }

@@ -1,0 +1,138 @@
+"""Builds an `LLMEngine` from user-facing options (CLI flags / `LLM(...)` keyword arguments).
+
+Resolves the model (path, HF directory or alias, pulled on first use), the device and dtype from
+the machine, sizes the KV pool from a memory budget, and freezes it all into one EngineConfig.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from nextok.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from nextok.errors import NextokError
+
+log = logging.getLogger("nextok")
+
+CPU_KV_CAP = 4 << 30  # a CPU pool bigger than this buys nothing at CPU speeds
+
+
+@dataclass
+class EngineArgs:
+    """Every option, with the CLI flag's name; `LLM(**kwargs)` takes the same names."""
+
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    load_format: str = "auto"
+    block_size: int = 16
+    kv_cache_memory: int | None = None
+    kv_cache_memory_fraction: float = 0.25
+    num_kv_blocks: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    seed: int = 0
+    num_threads: int | None = None
+    download: bool = True
+
+
+def create_engine(args: EngineArgs):
+    from nextok import hub, platform
+    from nextok.engine.engine import LLMEngine
+    from nextok.model.loader import load_checkpoint
+    from nextok.worker.model_runner import ModelRunner
+
+    _check_args(args)
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    device = platform.resolve_device(args.device)
+    dtype = platform.resolve_dtype(args.dtype, device)
+    path = hub.resolve_model(args.model, download=args.download)
+    ckpt = load_checkpoint(path, args.load_format)
+    model_config = ModelConfig.from_hf_dict(ckpt.hf_config)
+    from nextok.model.registry import model_class
+
+    model_class(model_config.architecture)  # unsupported architecture: fail before loading
+    tokenizer = _load_tokenizer(args.tokenizer or path, ckpt.format)
+    model_config = _with_tokenizer_eos(model_config, tokenizer)
+
+    max_len = min(args.max_model_len or model_config.max_position_embeddings,
+                  model_config.max_position_embeddings)
+    if args.max_model_len and args.max_model_len > model_config.max_position_embeddings:
+        raise NextokError(f"--max-model-len {args.max_model_len} exceeds the model's "
+                          f"{model_config.max_position_embeddings} positions")
+    batched = args.max_num_batched_tokens
+    if not args.enable_chunked_prefill:
+        batched = max(batched, max_len)  # a whole prompt must fit in one step
+    config = EngineConfig(
+        model_path=path, model=model_config,
+        cache=CacheConfig(args.block_size, args.kv_cache_memory, args.kv_cache_memory_fraction,
+                          args.num_kv_blocks, args.enable_prefix_caching),
+        scheduler=SchedulerConfig(args.max_num_seqs, batched, args.enable_chunked_prefill, max_len),
+        device=device, dtype=dtype, load_format=ckpt.format, seed=args.seed,
+        num_threads=args.num_threads)
+    weights = None if ckpt.format == "dummy" else ckpt.weights()
+    runner = ModelRunner(config, weights, max_len)
+    num_blocks = _num_blocks(config, runner)
+    runner.allocate_kv_cache(num_blocks)
+    # A sequence must fit in the pool (block 0 is reserved), or preemption could never help it.
+    max_len = min(max_len, (num_blocks - 1) * args.block_size)
+    log.info("model %s (%s) on %s in %s; KV pool %d blocks of %d tokens; context %d",
+             os.path.basename(path), model_config.architecture, device, dtype, num_blocks,
+             args.block_size, max_len)
+    return LLMEngine(config, tokenizer, runner, num_blocks, max_len)
+
+
+def _check_args(args: EngineArgs) -> None:
+    if args.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+        raise NextokError(f"--block-size must be a power of two up to 128, got {args.block_size}")
+    if args.max_num_seqs < 1 or args.max_num_batched_tokens < 1:
+        raise NextokError("--max-num-seqs and --max-num-batched-tokens must be >= 1")
+    if args.num_kv_blocks is not None and args.num_kv_blocks < 2:
+        raise NextokError(f"--num-kv-blocks must be >= 2, got {args.num_kv_blocks}")
+    if not (0.0 < args.kv_cache_memory_fraction <= 0.95):
+        raise NextokError("--kv-cache-memory-fraction must be in (0, 0.95]")
+
+
+def _load_tokenizer(path: str, fmt: str):
+    from nextok.tokenizer import Tokenizer
+
+    if path.endswith(".gguf") or fmt == "gguf" and os.path.isfile(path):
+        return Tokenizer.from_gguf(path)
+    return Tokenizer.from_dir(path)
+
+
+def _with_tokenizer_eos(mc: ModelConfig, tokenizer) -> ModelConfig:
+    import dataclasses
+
+    eos = tuple(dict.fromkeys(mc.eos_token_ids + tuple(tokenizer.eos_token_ids)))
+    return dataclasses.replace(mc, eos_token_ids=eos)
+
+
+def _num_blocks(config: EngineConfig, runner) -> int:
+    cache = config.cache
+    if cache.num_blocks is not None:
+        return cache.num_blocks
+    per_block = runner.kv_bytes_per_block()
+    if cache.kv_cache_memory is not None:
+        budget = cache.kv_cache_memory
+    elif config.device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        budget = int(free * cache.kv_cache_memory_fraction)
+    else:
+        import psutil
+
+        budget = min(int(psutil.virtual_memory().available * cache.kv_cache_memory_fraction), CPU_KV_CAP)
+    # No point holding more than max_num_seqs full-length sequences.
+    sched = config.scheduler
+    useful = config.scheduler.max_num_seqs * -(-sched.max_model_len // cache.block_size) + 1
+    num = min(budget // per_block, useful)
+    if num < 2:
+        raise NextokError(f"the KV cache budget ({budget} bytes) holds no block of {per_block} bytes")
+    return int(num)

@@ -1,0 +1,176 @@
+"""Continuous batching: each step hands out a token budget across running and waiting sequences.
+
+Data in, data out: `schedule() -> SchedulerOutput`, then `update(output, sampled)`. No tensors,
+no device, so unit tests drive it with a fake model in milliseconds.
+
+Policy (FCFS, as vLLM v1):
+1. Running sequences first, in arrival order: each gets the tokens it still has to compute
+   (1 for decode, the rest of its prompt for a chunked prefill) within the budget. If the KV
+   pool cannot hold them, the most recently admitted running sequence is preempted (its blocks
+   freed, to be recomputed later from its tokens: prompt + what it generated so far).
+2. Then waiting sequences, in arrival order, while budget, blocks and `max_num_seqs` allow.
+   A waiting sequence that does not fit blocks the ones behind it (no overtaking), and none is
+   admitted in a step that had to preempt.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from nextok.config import SchedulerConfig
+from nextok.engine.block_manager import BlockManager
+from nextok.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    start: int  # first position computed this step (== num_computed_tokens when scheduled)
+    num_new_tokens: int  # tokens [start, start + num_new_tokens) are computed this step
+
+    @property
+    def samples(self) -> bool:
+        """Does this step reach the end of the sequence, so its last logits give a new token?"""
+        return self.start + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
+                 eos_token_ids: tuple[int, ...] = (), sliding_window: int | None = None):
+        self.config = config
+        self.block_manager = block_manager
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.sliding_window = sliding_window
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # ---- requests in and out -------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        """End `seq` wherever it is (waiting or running) and release its blocks."""
+        if seq.is_finished:
+            return
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = status
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step ------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        budget = self._schedule_running(out, budget)
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        bm = self.block_manager
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if self.sliding_window is not None:
+                bm.free_outside_window(seq, self.sliding_window)
+            while not bm.allocate(seq, n):
+                victim = self.running.pop()  # lowest priority: admitted last
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+                budget -= n
+                i += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        bm = self.block_manager
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            cached_ids, cached_hashes = bm.find_cached_prefix(seq)
+            num_cached = len(cached_ids) * bm.block_size
+            n = seq.num_tokens - num_cached
+            if n > budget and not self.config.enable_chunked_prefill:
+                break
+            n = min(n, budget)
+            if not bm.can_admit(cached_ids, num_cached + n):
+                break
+            self.waiting.popleft()
+            bm.admit_cached(seq, cached_ids, cached_hashes)
+            ok = bm.allocate(seq, n)
+            assert ok, "can_admit promised room"
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+            budget -= n
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute-style preemption: drop the KV, keep the tokens, requeue at the front."""
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_cached_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # ---- results -------------------------------------------------------------------------
+    def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
+        """Advance every scheduled sequence; append sampled tokens (seq_id -> token id).
+
+        Returns the sequences that finished this step (EOS, stop token, length).
+        """
+        finished = []
+        for item in out.scheduled:
+            seq = item.seq
+            if seq.is_finished:  # aborted while the step ran
+                continue
+            seq.num_computed_tokens = item.start + item.num_new_tokens
+            self.block_manager.cache_full_blocks(seq)
+            if not item.samples:
+                continue
+            token = sampled[seq.seq_id]
+            seq.token_ids.append(token)
+            status = self._check_stop(seq, token)
+            if status is not None:
+                self.finish(seq, status)
+                finished.append(seq)
+        return finished
+
+    def _check_stop(self, seq: Sequence, token: int) -> SequenceStatus | None:
+        params = seq.params
+        if seq.num_output_tokens >= params.min_tokens:
+            if token in params.stop_token_ids:
+                seq.stop_reason = token
+                return SequenceStatus.FINISHED_STOPPED
+            if token in self.eos_token_ids and not params.ignore_eos:
+                return SequenceStatus.FINISHED_STOPPED
+        if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+            return SequenceStatus.FINISHED_LENGTH
+        if seq.num_tokens >= self.config.max_model_len:
+            return SequenceStatus.FINISHED_LENGTH
+        return None

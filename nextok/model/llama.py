@@ -1,0 +1,150 @@
+"""The Llama family: Llama (SmolLM2 is one), Mistral (sliding window), Qwen2 (QKV bias).
+
+Differences between the three are config fields, not subclasses: `attention_bias`,
+`sliding_window`, `rope_scaling`, `tie_word_embeddings`. GQA throughout.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from nextok.attention.base import AttentionBackend, AttentionMetadata
+from nextok.config import ModelConfig
+from nextok.errors import ModelLoadError
+from nextok.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        # q, k and v in one matmul: [T, hidden] -> [T, q_size + 2 * kv_size]
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+
+    def forward(self, x, positions, rope: RotaryEmbedding, kv_cache, meta: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        q, k = rope(positions, q, k)
+        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x, positions, rope, kv_cache, meta, backend):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rope, kv_cache, meta, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, backend: AttentionBackend, max_positions: int):
+        super().__init__()
+        self.config = config
+        self.backend = backend
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rope = RotaryEmbedding(config, max_positions)
+        if config.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                meta: AttentionMetadata) -> torch.Tensor:
+        # input_ids, positions: [T] -> hidden states [T, hidden]
+        x = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, positions, self.rope, kv_cache, meta, self.backend)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [S, hidden] (only the rows that sample) -> [S, vocab]
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, weight)
+
+    # ---- weights ---------------------------------------------------------------------------
+    # HF name suffix -> (our parameter suffix, shard index within the fused matrix)
+    _FUSED = {
+        "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    }
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if "rotary_emb" in name:
+                continue
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied: some checkpoints store the copy anyway
+            target, shard = name, None
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[-2] in self._FUSED:
+                fused, shard = self._FUSED[parts[-2]]
+                target = ".".join(parts[:-2] + [fused, parts[-1]])
+            param = params.get(target)
+            if param is None:
+                raise ModelLoadError(f"checkpoint tensor {hf_name!r} has no place in the model")
+            dst = self._shard_view(param, target, shard)
+            if dst.shape != tensor.shape:
+                raise ModelLoadError(
+                    f"tensor {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}")
+            dst.copy_(tensor)
+            loaded.add(target if shard is None else f"{target}#{shard}")
+        self._check_complete(params, loaded)
+
+    def _shard_view(self, param: torch.Tensor, name: str, shard: int | None) -> torch.Tensor:
+        if shard is None:
+            return param.data
+        if "qkv_proj" in name:
+            a = self.layers[0].self_attn
+            sizes = [a.q_size, a.kv_size, a.kv_size]
+        else:
+            sizes = [self.config.intermediate_size] * 2
+        start = sum(sizes[:shard])
+        return param.data.narrow(0, start, sizes[shard])
+
+    def _check_complete(self, params: dict, loaded: set[str]) -> None:
+        missing = []
+        for name in params:
+            shards = 3 if "qkv_proj" in name else 2 if "gate_up_proj" in name else 0
+            if shards:
+                missing += [f"{name}#{i}" for i in range(shards) if f"{name}#{i}" not in loaded]
+            elif name not in loaded:
+                missing.append(name)
+        if missing:
+            raise ModelLoadError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+
+    def init_dummy_weights(self, seed: int = 0) -> None:
+        """Random weights for performance work on shapes we cannot download (--load-format dummy)."""
+        gen = torch.Generator().manual_seed(seed)
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                param.data.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.data.zero_()
+            else:
+                cpu = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen)
+                param.data.copy_(cpu)

@@ -1,0 +1,28 @@
+"""Maps a checkpoint's `architectures` entry to the class that runs it (imported lazily)."""
+from __future__ import annotations
+
+import importlib
+
+from nextok.errors import ModelLoadError
+
+# architecture -> "module:Class". Mistral and Qwen2 differ from Llama only in config fields
+# (sliding window; QKV bias), which the one implementation reads.
+_MODELS = {
+    "LlamaForCausalLM": "nextok.model.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "nextok.model.llama:LlamaForCausalLM",
+    "Qwen2ForCausalLM": "nextok.model.llama:LlamaForCausalLM",
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def model_class(architecture: str):
+    target = _MODELS.get(architecture)
+    if target is None:
+        raise ModelLoadError(
+            f"unsupported model architecture {architecture!r}; nextok runs "
+            f"{', '.join(supported_architectures())}")
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)

@@ -1,0 +1,164 @@
+"""SchedulerOutput -> input tensors -> model -> logits of the sampling rows -> sampler -> tokens.
+
+Owns the model, the paged KV pool and the per-sequence sampling generators. Only this layer
+(and kernels/) touches the device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from nextok.attention.base import AttentionMetadata, PrefillChunk
+from nextok.attention.torch_ref import TorchRefBackend, decode_mask
+from nextok.config import EngineConfig
+from nextok.engine.scheduler import ScheduledSeq, SchedulerOutput
+from nextok.model.registry import model_class
+from nextok.worker.sampler import Sampler, SamplingMetadata
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class SeqLogprobs:
+    logprob: float  # of the sampled token
+    top: list[tuple[int, float]]  # (token id, logprob), best first
+
+
+@dataclass
+class ModelOutput:
+    sampled: dict[int, int] = field(default_factory=dict)  # seq_id -> token id
+    logprobs: dict[int, SeqLogprobs] = field(default_factory=dict)  # for seqs that asked
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, weights, max_model_len: int):
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = DTYPES[config.dtype]
+        mc = config.model
+        self.backend = TorchRefBackend()
+        cls = model_class(mc.architecture)
+        with torch.device(self.device):
+            model = cls(mc, self.backend, max_positions=max_model_len)
+        model.to(self.dtype)
+        if weights is None:
+            model.init_dummy_weights(config.seed)
+        else:
+            model.load_weights(weights)
+        self.model = model.eval()
+        self.sampler = Sampler()
+        self.generators: dict[int, torch.Generator] = {}
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.block_size = config.cache.block_size
+
+    # ---- KV pool -------------------------------------------------------------------------
+    def kv_bytes_per_block(self) -> int:
+        mc = self.config.model
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * mc.num_hidden_layers * self.block_size * mc.num_key_value_heads * mc.head_dim * elem
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        mc = self.config.model
+        shape = self.backend.kv_cache_shape(num_blocks, self.block_size, mc.num_key_value_heads,
+                                            mc.head_dim)
+        # Zeroed, not empty: padded slots are masked, but 0 * NaN garbage would still poison SDPA.
+        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+                          for _ in range(mc.num_hidden_layers)]
+
+    def release(self, seq_ids) -> None:
+        for sid in seq_ids:
+            self.generators.pop(sid, None)
+
+    # ---- one step ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> ModelOutput:
+        # Single-token queries first (one batched attention call), then multi-token chunks.
+        items = sorted(out.scheduled, key=lambda s: s.num_new_tokens != 1)
+        input_ids, positions, meta, sample_rows, sample_items = self._prepare(items)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        if not sample_items:
+            return ModelOutput()
+        logits = self.model.compute_logits(hidden[sample_rows])  # [S, V]
+        return self._sample(logits, sample_items)
+
+    def _prepare(self, items: list[ScheduledSeq]):
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        sample_items: list[ScheduledSeq] = []
+        decode_tables, decode_lens, prefills = [], [], []
+        for it in items:
+            seq, start, n = it.seq, it.start, it.num_new_tokens
+            q_start = len(ids)
+            ids += seq.token_ids[start:start + n]
+            pos += range(start, start + n)
+            table = seq.block_table
+            slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+            if n == 1:
+                decode_tables.append(table)
+                decode_lens.append(start + 1)
+            else:
+                nb = -(-(start + n) // bs)
+                prefills.append(PrefillChunk(q_start, n, start + n,
+                                             torch.tensor(table[:nb], device=self.device)))
+            if it.samples:
+                sample_rows.append(len(ids) - 1)
+                sample_items.append(it)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            num_decode=len(decode_lens), decode_block_tables=None, decode_context_lens=None,
+            decode_mask=None, prefills=prefills, sliding_window=self.config.model.sliding_window)
+        if decode_lens:
+            max_blocks = max(-(-n // bs) for n in decode_lens)
+            padded = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in decode_tables]
+            meta.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=dev)
+            meta.decode_context_lens = torch.tensor(decode_lens, dtype=torch.long, device=dev)
+            meta.decode_mask = decode_mask(meta.decode_context_lens, max_blocks * bs, meta.sliding_window)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        positions = torch.tensor(pos, dtype=torch.long, device=dev)
+        return input_ids, positions, meta, sample_rows, sample_items
+
+    def _sample(self, logits: torch.Tensor, items: list[ScheduledSeq]) -> ModelOutput:
+        seqs = [it.seq for it in items]
+        eos = self.config.model.eos_token_ids
+        suppress = []
+        for s in seqs:
+            p = s.params
+            early = s.num_output_tokens < p.min_tokens
+            suppress.append(([] if p.ignore_eos else list(eos)) + p.stop_token_ids if early else [])
+        meta = SamplingMetadata.build(
+            params=[s.params for s in seqs],
+            prompt_token_ids=[s.prompt_token_ids for s in seqs],
+            output_token_ids=[s.output_token_ids for s in seqs],
+            generators=[self._generator(s) for s in seqs],
+            suppress_token_ids=suppress, vocab_size=logits.shape[-1], device=self.device)
+        res = self.sampler(logits, meta)
+        tokens = res.sampled.tolist()
+        out = ModelOutput(sampled={s.seq_id: t for s, t in zip(seqs, tokens)})
+        if res.logprobs is not None:
+            lps = res.logprobs.tolist()
+            top_ids = res.top_ids.tolist() if res.top_ids is not None else None
+            top_lps = res.top_logprobs.tolist() if res.top_logprobs is not None else None
+            for i, s in enumerate(seqs):
+                k = s.params.logprobs
+                if k is None:
+                    continue
+                top = list(zip(top_ids[i][:k], top_lps[i][:k])) if top_ids and k else []
+                out.logprobs[s.seq_id] = SeqLogprobs(lps[i], top)
+        return out
+
+    def _generator(self, seq) -> torch.Generator | None:
+        seed = seq.params.seed
+        if seed is None:
+            return None
+        gen = self.generators.get(seq.seq_id)
+        if gen is None:
+            # Sample i of an n > 1 request gets seed + i, so the n samples differ but repeat.
+            gen = torch.Generator(device=self.device).manual_seed(seed + seq.index)
+            self.generators[seq.seq_id] = gen
+        return gen
