@@ -7,14 +7,19 @@ Pure Python, no tensors. The KV pool itself lives in the worker; here a block is
 - Blocks are reference counted: sequences sharing a cached prefix (n > 1, or two requests with
   the same system prompt) point at the same physical block.
 - Automatic prefix caching: a full block whose KV is computed is registered under a chained hash
-  hash(parent_hash, its token ids). A later sequence whose prompt starts with the same tokens
-  reuses the block instead of recomputing it. On a hash hit the token ids are compared too, so a
-  hash collision can never serve wrong KV.
+  hash(parent, its token ids). A later sequence whose prompt starts with the same tokens reuses
+  the block instead of recomputing it. The chain links are *prefix ids*, not hashes: each distinct
+  prefix registered gets a fresh id from a counter (never reused), and a block records the exact
+  key (parent prefix id, token ids) it holds. On a hash hit that key is compared, so by induction
+  a hit means the whole prefix is equal: a hash collision, even a crafted one (Python's `hash`
+  is not collision resistant), can never serve wrong KV; it only costs a cache miss.
+  `Sequence.block_hashes` holds these prefix ids.
 - A block whose ref count drops to 0 goes to the back of the free queue but keeps its hash: it
   can still be hit until it is reused. Allocation takes from the front, so eviction is LRU.
 """
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
 from nextok.engine.sequence import Sequence
@@ -23,18 +28,24 @@ NULL_BLOCK = 0
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "block_hash", "token_ids")
+    __slots__ = ("block_id", "ref_count", "block_hash", "prefix_id", "parent_id", "token_ids")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_count = 0
-        self.block_hash: int | None = None
-        self.token_ids: tuple[int, ...] | None = None  # kept for the collision check on a hit
+        self.block_hash: int | None = None  # its key in BlockManager.cached, while registered
+        self.prefix_id: int | None = None  # the prefix ending with this block
+        # The exact key, compared on a hash hit: (parent_id, token_ids).
+        self.parent_id: int | None = None  # None for a sequence's first block
+        self.token_ids: tuple[int, ...] | None = None
+
+    def clear_hash(self) -> None:
+        self.block_hash = self.prefix_id = self.parent_id = self.token_ids = None
 
 
-def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+def hash_block(parent_id: int | None, token_ids: tuple[int, ...]) -> int:
     # Python's hash of a tuple of ints does not depend on PYTHONHASHSEED, so it is stable.
-    return hash((parent_hash, token_ids))
+    return hash((parent_id, token_ids))
 
 
 class BlockManager:
@@ -48,6 +59,7 @@ class BlockManager:
         # Blocks with ref_count 0, front = least recently freed = evicted first.
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(1, num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
+        self._prefix_ids = itertools.count(1)
         # Counters for metrics (queries and hits counted in tokens, as vLLM does).
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -70,26 +82,35 @@ class BlockManager:
     def find_cached_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """Longest run of leading full blocks of `seq` already in the cache.
 
-        Returns (block ids, their hashes). At least one token is always left to compute, since the
-        step that computes it also yields the logits for the next token.
+        Returns (block ids, their prefix ids). At least one token is always left to compute, since
+        the step that computes it also yields the logits for the next token.
         """
         if not self.enable_prefix_caching:
             return [], []
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs
         ids: list[int] = []
-        hashes: list[int] = []
+        prefix_ids: list[int] = []
         parent = None
         for i in range(max_blocks):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
-            h = hash_block(parent, tokens)
-            block_id = self.cached.get(h)
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
+            block = self._lookup(parent, tokens)
+            if block is None:
                 break
-            ids.append(block_id)
-            hashes.append(h)
-            parent = h
-        return ids, hashes
+            ids.append(block.block_id)
+            prefix_ids.append(block.prefix_id)
+            parent = block.prefix_id
+        return ids, prefix_ids
+
+    def _lookup(self, parent: int | None, tokens: tuple[int, ...]) -> Block | None:
+        """The registered block holding exactly (parent, tokens); None on a miss or a collision."""
+        block_id = self.cached.get(hash_block(parent, tokens))
+        if block_id is None:
+            return None
+        block = self.blocks[block_id]
+        if block.parent_id != parent or block.token_ids != tokens:  # a hash collision
+            return None
+        return block
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register the blocks of `seq` that became full of computed KV since the last call."""
@@ -100,13 +121,20 @@ class BlockManager:
         parent = seq.block_hashes[-1] if seq.block_hashes else None
         for i in range(len(seq.block_hashes), num_full):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
-            h = hash_block(parent, tokens)
-            block = self.blocks[seq.block_table[i]]
-            if h not in self.cached and block.block_hash is None:
-                block.block_hash, block.token_ids = h, tokens
-                self.cached[h] = block.block_id
-            seq.block_hashes.append(h)
-            parent = h
+            owner = self._lookup(parent, tokens)
+            if owner is not None:  # the same prefix computed twice (same step): keep the first
+                prefix_id = owner.prefix_id
+            else:
+                prefix_id = next(self._prefix_ids)
+                h = hash_block(parent, tokens)
+                block = self.blocks[seq.block_table[i]]
+                # A colliding hash keeps its first owner: this prefix just stays uncached.
+                if h not in self.cached and block.block_id != NULL_BLOCK:
+                    block.block_hash, block.prefix_id = h, prefix_id
+                    block.parent_id, block.token_ids = parent, tokens
+                    self.cached[h] = block.block_id
+            seq.block_hashes.append(prefix_id)
+            parent = prefix_id
 
     # ---- allocation ----------------------------------------------------------------------
     def can_admit(self, cached_ids: list[int], num_tokens_after: int) -> bool:
@@ -117,7 +145,7 @@ class BlockManager:
         return needed + reclaimed <= self.num_free_blocks
 
     def admit_cached(self, seq: Sequence, cached_ids: list[int], cached_hashes: list[int]) -> None:
-        """Give a newly scheduled `seq` the prefix blocks found by `find_cached_prefix`."""
+        """Give a newly scheduled `seq` the prefix blocks and ids from `find_cached_prefix`."""
         assert not seq.block_table, "admit_cached on a sequence that already holds blocks"
         for block_id in cached_ids:
             self._ref(block_id)
@@ -140,7 +168,7 @@ class BlockManager:
             if block.block_hash is not None:  # evict its cached contents
                 if self.cached.get(block.block_hash) == block_id:
                     del self.cached[block.block_hash]
-                block.block_hash = block.token_ids = None
+                block.clear_hash()
             block.ref_count = 1
             seq.block_table.append(block_id)
         return True
@@ -183,8 +211,7 @@ class BlockManager:
 
     def reset_prefix_cache(self) -> None:
         for block_id in self.free_queue:
-            block = self.blocks[block_id]
-            block.block_hash = block.token_ids = None
+            self.blocks[block_id].clear_hash()
         self.cached = {h: b for h, b in self.cached.items() if self.blocks[b].ref_count > 0}
 
     # ---- integrity -----------------------------------------------------------------------
@@ -193,13 +220,19 @@ class BlockManager:
         expected = [0] * self.num_blocks
         for seq in live:
             for block_id in seq.block_table:
-                if block_id != NULL_BLOCK:
-                    expected[block_id] += 1
+                expected[block_id] += 1  # expected[NULL_BLOCK] counts null entries: ignored
+        free, cached = self.free_queue, self.cached
+        assert NULL_BLOCK not in free and self.blocks[NULL_BLOCK].ref_count == 0
+        assert self.blocks[NULL_BLOCK].block_hash is None, "the null block is cached"
+        num_hashed = 0
         for block in self.blocks[1:]:
-            assert block.ref_count == expected[block.block_id], (
-                f"block {block.block_id}: ref_count {block.ref_count} != {expected[block.block_id]} users")
-            assert (block.ref_count == 0) == (block.block_id in self.free_queue), (
-                f"block {block.block_id}: free-queue membership disagrees with ref_count")
-        assert NULL_BLOCK not in self.free_queue and self.blocks[NULL_BLOCK].ref_count == 0
-        for h, block_id in self.cached.items():
-            assert self.blocks[block_id].block_hash == h, f"cache entry {h} -> block {block_id} is stale"
+            b, rc = block.block_id, block.ref_count
+            assert rc == expected[b], f"block {b}: ref_count {rc} != {expected[b]} users"
+            assert (rc == 0) == (b in free), f"block {b}: in the free queue iff ref_count is 0"
+            if block.block_hash is not None:  # a hashed block is the cache entry for its hash
+                num_hashed += 1
+                assert cached.get(block.block_hash) == b, f"block {b}: hash not mapped to it"
+                assert block.prefix_id is not None and block.token_ids is not None
+                assert len(block.token_ids) == self.block_size
+        # Every hashed block owns its entry, so an extra entry points at a block that lost its hash.
+        assert len(cached) == num_hashed, "stale prefix-cache entries"

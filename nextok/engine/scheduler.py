@@ -27,11 +27,12 @@ class ScheduledSeq:
     seq: Sequence
     start: int  # first position computed this step (== num_computed_tokens when scheduled)
     num_new_tokens: int  # tokens [start, start + num_new_tokens) are computed this step
+    # Does this step reach the end of the sequence, so its last logits give a new token? Fixed
+    # when scheduled: once `update` appends that token, the sequence no longer ends here.
+    samples: bool = field(init=False)
 
-    @property
-    def samples(self) -> bool:
-        """Does this step reach the end of the sequence, so its last logits give a new token?"""
-        return self.start + self.num_new_tokens == self.seq.num_tokens
+    def __post_init__(self) -> None:
+        self.samples = self.start + self.num_new_tokens == self.seq.num_tokens
 
 
 @dataclass
@@ -58,6 +59,13 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # A sequence never grows past what can be recomputed after a preemption: the whole pool
+        # (block 0 is reserved) and, without chunked prefill, one step's budget. Longer, it would
+        # preempt itself and then wait forever to be readmitted, stalling everything behind it.
+        self.max_seq_len = min(config.max_model_len,
+                               (block_manager.num_blocks - 1) * block_manager.block_size)
+        if not config.enable_chunked_prefill:
+            self.max_seq_len = min(self.max_seq_len, config.max_num_batched_tokens)
 
     # ---- requests in and out -------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -171,6 +179,6 @@ class Scheduler:
                 return SequenceStatus.FINISHED_STOPPED
         if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
             return SequenceStatus.FINISHED_LENGTH
-        if seq.num_tokens >= self.config.max_model_len:
+        if seq.num_tokens >= self.max_seq_len:
             return SequenceStatus.FINISHED_LENGTH
         return None

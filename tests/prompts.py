@@ -1,0 +1,28 @@
+"""Varied prompts for end-to-end tests: code in several languages, prose, chat-like text."""
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "import numpy as np\n\ndef softmax(x):\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):",
+    "// Compute the greatest common divisor\nfunction gcd(a, b) {",
+    "#include <stdio.h>\n\nint main(void) {\n    int i;\n",
+    "fn main() {\n    let v: Vec<i32> = (1..10).collect();\n",
+    "SELECT name, COUNT(*) FROM users",
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "Here is a list of three fruits:\n1.",
+    "Q: What is the boiling point of water at sea level?\nA:",
+    "package main\n\nimport \"fmt\"\n\nfunc main() {",
+    "def quicksort(arr):\n    if len(arr) <= 1:\n        return arr\n",
+    "<html>\n<head>\n<title>",
+    "The quick brown fox",
+    "# Binary search in Python\ndef binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n",
+    "User: Write a haiku about autumn.\nAssistant:",
+    "for (let i = 0; i < 10; i++) {",
+    "Machine learning is a field of study that",
+    "public class HelloWorld {\n    public static void main(String[] args) {",
+    "async def fetch(session, url):\n",
+    "Translate to French: Good morning, how are you?\n",
+    "x = [i * i for i in range(10)]\nprint(",
+    "Le chat est sur la table. ",
+]
