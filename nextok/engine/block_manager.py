@@ -112,12 +112,20 @@ class BlockManager:
             return None
         return block
 
-    def cache_full_blocks(self, seq: Sequence) -> None:
-        """Register the blocks of `seq` that became full of computed KV since the last call."""
+    def cache_full_blocks(self, seq: Sequence, num_computed: int | None = None) -> None:
+        """Register the blocks of `seq` that are full of computed KV since the last call.
+
+        The scheduler calls this as soon as it schedules a step, with `num_computed` = the tokens
+        computed by the end of that step: a sequence admitted later in the same step (the other
+        samples of an n > 1 request, or a twin prompt) can then share those blocks at once. That is
+        safe because each layer writes the whole batch's KV before any attention reads it.
+        """
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        num_full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        if num_computed is None:
+            num_computed = seq.num_computed_tokens
+        num_full = min(num_computed // bs, len(seq.block_table))
         parent = seq.block_hashes[-1] if seq.block_hashes else None
         for i in range(len(seq.block_hashes), num_full):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])

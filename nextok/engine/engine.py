@@ -32,7 +32,8 @@ class _Request:
     detoks: list[IncrementalDetokenizer]
     logprobs: list[list[Logprob]] | None
     metrics: dict = field(default_factory=dict)
-    emitted: list[int] = field(default_factory=list)  # per seq: output tokens already streamed
+    emitted: list[int] = field(default_factory=list)  # per seq: characters of text already streamed
+    emitted_tokens: list[int] = field(default_factory=list)  # per seq: output token ids already streamed
 
     @property
     def finished(self) -> bool:
@@ -69,7 +70,7 @@ class LLMEngine:
                   for _ in seqs]
         lps = [[] for _ in seqs] if params.logprobs is not None else None
         req = _Request(request_id, text, ids, params, stream, seqs, detoks, lps,
-                       {"arrival": arrival}, [0] * len(seqs))
+                       {"arrival": arrival}, [0] * len(seqs), [0] * len(seqs))
         self.requests[request_id] = req
         for seq in seqs:
             self.scheduler.add(seq)
@@ -150,12 +151,14 @@ class LLMEngine:
             delta_text = text[prev:]
             req.emitted[i] = len(text)
             tokens = seq.output_token_ids
+            delta_ids = tokens[req.emitted_tokens[i]:]
+            req.emitted_tokens[i] = len(tokens)
             outs.append(CompletionOutput(
                 index=i, text=text, token_ids=tokens,
                 finish_reason=seq.status.value if seq.is_finished else None,
                 stop_reason=seq.stop_reason,
                 logprobs=list(req.logprobs[i]) if req.logprobs is not None else None,
-                delta_text=delta_text))
+                delta_text=delta_text, delta_token_ids=delta_ids))
         cached = min(s.num_cached_tokens for s in req.seqs)
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs,
                              finished=req.finished, num_cached_tokens=cached, metrics=dict(req.metrics))

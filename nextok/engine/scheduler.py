@@ -111,6 +111,7 @@ class Scheduler:
                     break
             else:
                 out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+                bm.cache_full_blocks(seq, seq.num_computed_tokens + n)
                 budget -= n
                 i += 1
         return budget
@@ -134,6 +135,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+            bm.cache_full_blocks(seq, seq.num_computed_tokens + n)
             budget -= n
 
     def _preempt(self, seq: Sequence) -> None:

@@ -4,7 +4,7 @@ Driven by `FakeModel`, which stands in for the worker: its next token is a funct
 sequence's token ids, so a run's final tokens do not depend on how it was scheduled. It also
 keeps a fake KV pool (one value per slot, a hash of the token prefix up to that position) and
 checks that every position a step attends to holds the value for exactly this sequence's prefix,
-and that no step writes into a block another sequence shares. So a wrong prefix hit, a lost or
+and that no slot is written twice in one step. So a wrong prefix hit, a lost or
 duplicated token after preemption, or a block freed too early fails the test.
 """
 from __future__ import annotations
@@ -58,21 +58,31 @@ class FakeModel:
         return vals
 
     def execute(self, out: SchedulerOutput) -> dict[int, int]:
+        # Like each layer of the real model: the whole batch's KV is written, then attention
+        # reads. A sequence may read a block that another one writes in the same step (the
+        # scheduler shares blocks as soon as they are scheduled), so every read is checked
+        # against this sequence's own prefix, and no slot may be written twice in one step.
         bm = self.sched.block_manager
         bs, window = bm.block_size, self.sched.sliding_window
+        written: set[int] = set()
+        for item in out.scheduled:
+            seq, start, n = item.seq, item.start, item.num_new_tokens
+            vals = self._expected(seq, start + n)
+            for p in range(start, start + n):
+                block = seq.block_table[p // bs]
+                assert block != NULL_BLOCK
+                slot = block * bs + p % bs
+                assert slot not in written, f"{seq}: slot {slot} written twice in one step"
+                written.add(slot)
+                self.kv[slot] = vals[p]
         for item in out.scheduled:
             seq, start, n = item.seq, item.start, item.num_new_tokens
             vals = self._expected(seq, start + n)
             lo = 0 if window is None else max(0, start - window + 1)
-            for p in range(lo, start):  # what this step attends to must already be there
+            for p in range(lo, start + n):  # what this step attends to
                 block = seq.block_table[p // bs]
                 assert block != NULL_BLOCK, f"{seq}: position {p} in the window was freed"
                 assert self.kv.get(block * bs + p % bs) == vals[p], f"{seq}: wrong KV at {p}"
-            for p in range(start, start + n):
-                block = seq.block_table[p // bs]
-                assert block != NULL_BLOCK
-                assert bm.blocks[block].ref_count == 1, f"{seq}: writes into shared block {block}"
-                self.kv[block * bs + p % bs] = vals[p]
         return {it.seq.seq_id: self.next_token(it.seq) for it in out.scheduled if it.samples}
 
 
@@ -671,3 +681,19 @@ def _stress(seed: int, vocab: int = 30, **overrides) -> Scheduler:
             assert seq.token_ids == ref[k], k
     assert aborted
     return sched
+
+
+def test_twins_admitted_in_one_step_share_the_prompt_blocks():
+    """n > 1: the samples of one prompt share its full blocks from the very first step."""
+    sched = make_scheduler(num_blocks=32, block_size=4)
+    model = FakeModel(sched)
+    twins = [new_seq("r", range(10), max_tokens=3) for _ in range(3)]
+    for s in twins:
+        sched.add(s)
+    out, _ = step(sched, model)
+    assert [it.num_new_tokens for it in out.scheduled] == [10, 2, 2]
+    assert twins[1].block_table[:2] == twins[0].block_table[:2] == twins[2].block_table[:2]
+    assert twins[1].num_cached_tokens == 8
+    run(sched, model=model)
+    assert all(s.num_output_tokens == 3 for s in twins)
+    check_all_released(sched)
