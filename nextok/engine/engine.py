@@ -82,6 +82,10 @@ class LLMEngine:
         bad = next((t for t in ids if not (0 <= t < vocab)), None)
         if bad is not None:
             raise InvalidRequestError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        for name, tids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
+            bad = next((t for t in tids if not (0 <= t < vocab)), None)
+            if bad is not None:
+                raise InvalidRequestError(f"{name} token id {bad} is outside the vocabulary [0, {vocab})")
         if len(ids) >= self.max_model_len:
             raise InvalidRequestError(
                 f"the prompt has {len(ids)} tokens; the context window is {self.max_model_len} "

@@ -80,8 +80,20 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [S, hidden] (only the rows that sample) -> [S, vocab]
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight)
+        if self.lm_head is None:  # tied to the embedding
+            return torch.nn.functional.linear(hidden, self.embed_tokens.weight)
+        return self.lm_head(hidden)
+
+    def pack_for_cpu(self, dtype: torch.dtype) -> int:
+        """After loading: every linear, the tied lm_head included, on oneDNN packed weights."""
+        from nextok.kernels.cpu_linear import PackedLinear, pack_linears
+
+        num = pack_linears(self, dtype)
+        if num and self.lm_head is None:
+            # The embedding keeps its plain weight for lookups; the packed copy is the lm_head.
+            self.lm_head = PackedLinear(self.embed_tokens.weight, None)
+            num += 1
+        return num
 
     # ---- weights ---------------------------------------------------------------------------
     # HF name suffix -> (our parameter suffix, shard index within the fused matrix)

@@ -46,6 +46,8 @@ class ModelRunner:
             model.init_dummy_weights(config.seed)
         else:
             model.load_weights(weights)
+        if self.device.type == "cpu":
+            model.pack_for_cpu(self.dtype)
         self.model = model.eval()
         self.sampler = Sampler()
         self.generators: dict[int, torch.Generator] = {}

@@ -98,7 +98,8 @@ def test_alias_resolves_to_cache_and_pulls_once(fake, cache):
     assert path == str(cache / "models" / "fake-model.gguf")
     assert open(path, "rb").read() == PAYLOAD
     assert hub.resolve_model("fake-model") == path and calls == ["fake-model"]
-    assert os.listdir(cache / "models") == ["fake-model.gguf"]  # no partial files left
+    # No partial file left; the marker records the sha256 check.
+    assert sorted(os.listdir(cache / "models")) == ["fake-model.gguf", "fake-model.gguf.verified"]
 
 
 def test_no_download_when_not_cached(fake, cache):
@@ -114,6 +115,19 @@ def test_wrong_size_in_cache_is_pulled_again(fake, cache):
     with open(path, "ab") as f:
         f.write(b"truncated or appended")
     with pytest.raises(ModelLoadError, match="wrong size"):
+        hub.resolve_model("fake-model", download=False)
+    assert hub.resolve_model("fake-model") == path
+    assert open(path, "rb").read() == PAYLOAD and calls == ["fake-model", "fake-model"]
+
+
+def test_same_size_corruption_is_detected_and_pulled_again(fake, cache):
+    model, calls = fake
+    path = hub.pull("fake-model", progress=False)
+    with open(path, "r+b") as f:  # one byte flipped, size unchanged, mtime moves
+        f.seek(100)
+        f.write(b"\xff")
+    os.utime(path, ns=(1, 1))
+    with pytest.raises(ModelLoadError, match="sha256"):
         hub.resolve_model("fake-model", download=False)
     assert hub.resolve_model("fake-model") == path
     assert open(path, "rb").read() == PAYLOAD and calls == ["fake-model", "fake-model"]
