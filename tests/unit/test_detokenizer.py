@@ -1,0 +1,159 @@
+"""IncrementalDetokenizer on the real SmolLM2 tokenizer, fed one token at a time.
+
+Invariants every run checks (`feed`): the released deltas join up to `output_text`; each
+intermediate `output_text` is a prefix of the final one (no delta carries text cut later); no
+delta ends in a half-decoded character.
+"""
+from __future__ import annotations
+
+import pytest
+
+from nextok.engine.detokenizer import _MAX_PENDING, IncrementalDetokenizer
+from tests.unit.test_tokenizer import SAMPLES, load_real_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok(model_path):
+    return load_real_tokenizer(model_path)
+
+
+@pytest.fixture(scope="module")
+def prompt(tok):
+    text = tok.apply_chat_template([{"role": "user", "content": "Write something."}])
+    return tok.encode(text)
+
+
+def feed(tok, ids, prompt=(), stop=(), include=False, skip=True, finish=True):
+    """Step `ids` one at a time -> (deltas, per-step output_text, detokenizer)."""
+    d = IncrementalDetokenizer(tok, list(prompt), skip, list(stop), include)
+    deltas, seen = [], []
+    for i in ids:
+        delta, stopped = d.step([i])
+        deltas.append(delta)
+        seen.append(d.output_text)
+        assert not delta.endswith("\ufffd")
+        if stopped:
+            break
+    if finish and d.stop_reason is None:
+        deltas.append(d.finish())
+    assert "".join(deltas) == d.output_text
+    assert all(d.output_text.startswith(s) for s in seen)
+    return deltas, seen, d
+
+
+# ---- text ------------------------------------------------------------------------------
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("text", SAMPLES)
+def test_deltas_join_to_decode(tok, prompt, text, skip):
+    ids = tok.encode(text)
+    deltas, _, d = feed(tok, ids, prompt, skip=skip)
+    assert d.output_text == tok.decode(ids, skip_special_tokens=skip)
+    assert d.token_ids == ids and d.stop_reason is None
+    # Without a prompt to seed the window the result is the same.
+    assert feed(tok, ids, skip=skip)[2].output_text == d.output_text
+
+
+def test_multibyte_characters_wait_for_their_last_byte(tok):
+    ids = tok.encode("🎉中")
+    assert tok.decode(ids[:1]).endswith("\ufffd")  # the emoji really is split over tokens
+    deltas, _, _ = feed(tok, ids)
+    assert "" in deltas and "".join(deltas) == "🎉中"
+
+
+def test_prompt_ending_inside_a_character(tok):
+    ids = tok.encode("🎉 ok")
+    # The prompt holds the emoji's first byte: output is the rest, as decode() sees it alone.
+    _, _, d = feed(tok, ids[1:], prompt=ids[:1])
+    assert d.output_text == tok.decode(ids[1:])
+
+
+def test_several_tokens_per_step(tok, prompt):
+    ids = tok.encode(SAMPLES[10])
+    d = IncrementalDetokenizer(tok, prompt, True, [], False)
+    out = "".join(d.step(ids[i:i + 3])[0] for i in range(0, len(ids), 3)) + d.finish()
+    assert out == tok.decode(ids) == d.output_text
+
+
+def test_skip_special_tokens(tok, prompt):
+    ids = tok.encode("<|im_start|>assistant\nHi there<|im_end|>")
+    assert feed(tok, ids, prompt)[2].output_text == "assistant\nHi there"
+    assert feed(tok, ids, prompt, skip=False)[2].output_text == \
+        "<|im_start|>assistant\nHi there<|im_end|>"
+
+
+def test_window_stays_small(tok):
+    # Skipped special tokens add no text; the window must not grow with them.
+    ids = [0] * (3 * _MAX_PENDING) + tok.encode("done")
+    _, _, d = feed(tok, ids, finish=False)
+    assert len(d._window) <= _MAX_PENDING + 2
+    assert d.output_text + d.finish() == "done"
+
+
+def test_finish_flushes_an_unfinished_character(tok):
+    ids = tok.encode("ok 🎉")[:-1]  # cut by max_tokens inside the emoji
+    _, _, d = feed(tok, ids)
+    assert d.output_text == tok.decode(ids) and d.output_text.endswith("\ufffd")
+
+
+# ---- stop strings ----------------------------------------------------------------------
+CODE = "def f():\n    return 1\n\n\ndef g():\n    return 2\n"
+
+
+def test_stop_on_a_single_token(tok):
+    ids = tok.encode(CODE)
+    assert "ĊĊ" in tok.convert_ids_to_tokens(ids)
+    _, _, d = feed(tok, ids, stop=["\n\n"])
+    assert d.output_text == "def f():\n    return 1" and d.stop_reason == "\n\n"
+    assert len(d.token_ids) < len(ids)
+
+
+def test_stop_spanning_tokens_is_held_back(tok):
+    ids = tok.encode(CODE)
+    _, seen, d = feed(tok, ids, stop=["return 1\n"])
+    assert d.output_text == "def f():\n    " and d.stop_reason == "return 1\n"
+    # While "return" and "return 1" arrived nothing of them was shown.
+    assert all("r" not in s for s in seen)
+
+
+def test_include_stop_str_in_output(tok):
+    _, _, d = feed(tok, tok.encode(CODE), stop=["return 1"], include=True)
+    assert d.output_text == "def f():\n    return 1" and d.stop_reason == "return 1"
+
+
+def test_earliest_stop_wins(tok):
+    _, _, d = feed(tok, tok.encode(CODE), stop=["def g", "return", "1\n"])
+    assert d.output_text == "def f():\n    " and d.stop_reason == "return"
+    # On a tie at one start, the shorter one completes first.
+    _, _, d = feed(tok, tok.encode(CODE), stop=["return 1", "return"], include=True)
+    assert d.stop_reason == "return" and d.output_text.endswith("return")
+
+
+def test_prefix_released_when_it_is_not_a_stop(tok):
+    ids = tok.encode(CODE)
+    _, seen, d = feed(tok, ids, stop=["return 2\n\n"])
+    # "return 1" looked like the stop string for a while, then was shown in full.
+    held = [s for s in seen if s.endswith("def f():\n    ")]
+    assert len(held) >= 2
+    assert d.stop_reason is None and d.output_text == CODE
+
+
+def test_held_prefix_released_on_finish(tok):
+    ids = tok.encode("x = ret")
+    _, seen, d = feed(tok, ids, stop=["return"], finish=False)
+    assert d.output_text == "x = " and seen[-1] == "x = "
+    assert d.finish() == "ret" and d.output_text == "x = ret" and d.stop_reason is None
+
+
+def test_stop_at_start_and_after_stop(tok):
+    d = IncrementalDetokenizer(tok, [], True, ["Hello"], False)
+    assert d.step(tok.encode("Hello")) == ("", True)
+    assert d.output_text == "" and d.stop_reason == "Hello"
+    assert d.step(tok.encode(" more")) == ("", True) and d.finish() == ""
+
+
+def test_stop_strings_in_unicode_and_specials(tok):
+    _, _, d = feed(tok, tok.encode("答案是：42。好的"), stop=["。"])
+    assert d.output_text == "答案是：42"
+    ids = tok.encode("hi<|im_end|>")
+    assert feed(tok, ids, stop=["<|im_end|>"], skip=False)[2].output_text == "hi"
+    assert feed(tok, ids, stop=["<|im_end|>"])[2].stop_reason is None  # skipped: no text
