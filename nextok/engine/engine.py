@@ -138,6 +138,12 @@ class LLMEngine:
 
     def _detokenize(self, req: _Request, seq: Sequence, token: int, lp) -> None:
         detok = req.detoks[seq.index]
+        if self._ended_by_stop_token(seq, token):
+            # Like vLLM: the EOS or stop token that ended the sequence adds no text.
+            detok.finish()
+            if req.logprobs is not None and lp is not None:
+                req.logprobs[seq.index].append(Logprob(token, lp.logprob, lp.top))
+            return
         _, stopped = detok.step([token])
         if stopped and not seq.is_finished:
             seq.stop_reason = detok.stop_reason
@@ -146,6 +152,12 @@ class LLMEngine:
             detok.finish()  # flush text held back for a stop string that never completed
         if req.logprobs is not None and lp is not None:
             req.logprobs[seq.index].append(Logprob(token, lp.logprob, lp.top))
+
+    def _ended_by_stop_token(self, seq: Sequence, token: int) -> bool:
+        if seq.status != SequenceStatus.FINISHED_STOPPED or seq.params.include_stop_str_in_output:
+            return False
+        return token == seq.stop_reason or (token in self.config.model.eos_token_ids
+                                            and seq.stop_reason is None)
 
     def _output(self, req: _Request) -> RequestOutput:
         outs = []

@@ -59,7 +59,7 @@ def create_engine(args: EngineArgs):
     from nextok.model.registry import model_class
 
     model_class(model_config.architecture)  # unsupported architecture: fail before loading
-    tokenizer = _load_tokenizer(args.tokenizer or path, ckpt.format)
+    tokenizer = _load_tokenizer(args.tokenizer or ckpt.path, ckpt.format)
     model_config = _with_tokenizer_eos(model_config, tokenizer)
 
     max_len = min(args.max_model_len or model_config.max_position_embeddings,
@@ -103,8 +103,10 @@ def _check_args(args: EngineArgs) -> None:
 def _load_tokenizer(path: str, fmt: str):
     from nextok.tokenizer import Tokenizer
 
-    if path.endswith(".gguf") or fmt == "gguf" and os.path.isfile(path):
+    if os.path.isfile(path) and (path.endswith(".gguf") or fmt == "gguf"):
         return Tokenizer.from_gguf(path)
+    if os.path.isfile(path):  # a dummy checkpoint named by its config.json
+        path = os.path.dirname(path) or "."
     return Tokenizer.from_dir(path)
 
 

@@ -183,7 +183,7 @@ def test_errors(tmp_path):
         Tokenizer.from_gguf(str(tmp_path / "missing.gguf"))
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"this is not a gguf file at all" * 10)
-    with pytest.raises(ModelLoadError, match="not a readable GGUF"):
+    with pytest.raises(ModelLoadError, match="not a (readable )?GGUF"):
         Tokenizer.from_gguf(str(junk))
     with pytest.raises(ModelLoadError, match="unsupported GGUF tokenizer model 'llama'"):
         Tokenizer.from_gguf(write_gguf(tmp_path / "l.gguf", model="llama"))
