@@ -29,6 +29,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--num-threads", type=int, default=None, help="CPU threads (default: torch's)")
+    g.add_argument("--no-cpu-kernels", dest="cpu_kernels", action="store_false",
+                   help="CPU: plain torch ops instead of oneDNN packed linears and the C decode kernel")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

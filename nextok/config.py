@@ -97,3 +97,6 @@ class EngineConfig:
     load_format: str = "auto"  # auto | gguf | safetensors | dummy
     seed: int = 0
     num_threads: int | None = None
+    # CPU: oneDNN packed linears and the C paged-decode kernel; False = plain torch ops (the
+    # reference path, and an ablation for benchmarks).
+    cpu_kernels: bool = True

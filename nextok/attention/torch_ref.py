@@ -15,7 +15,14 @@ from nextok.attention.base import AttentionBackend, AttentionMetadata, PrefillCh
 
 
 class TorchRefBackend(AttentionBackend):
+    """`decode_kernel`: the C paged-decode entry point (kernels/cpu_attention.py) for float32 CPU
+    decode, bound once at construction; None keeps everything on torch ops."""
+
     name = "torch"
+
+    def __init__(self, decode_kernel=None):
+        self.decode_kernel = decode_kernel
+        self.needs_decode_mask = decode_kernel is None
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float):
         # q: [T, H, D]; k, v: [T, KVH, D]; caches: [num_blocks, block_size, KVH, D]
@@ -24,7 +31,13 @@ class TorchRefBackend(AttentionBackend):
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
         nd = meta.num_decode
-        if nd:
+        if nd and self.decode_kernel is not None:
+            from nextok.kernels.cpu_attention import paged_decode
+
+            out[:nd] = paged_decode(self.decode_kernel, q[:nd], k_cache, v_cache,
+                                    meta.decode_block_tables, meta.decode_context_lens, scale,
+                                    meta.sliding_window)
+        elif nd:
             out[:nd] = _decode(q[:nd], k_cache, v_cache, meta, scale)
         for chunk in meta.prefills:
             sl = slice(chunk.q_start, chunk.q_start + chunk.q_len)
@@ -34,8 +47,10 @@ class TorchRefBackend(AttentionBackend):
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
     # cache: [N, bs, KVH, D]; block_table: [..., nb] -> [..., nb * bs, KVH, D]
-    pages = cache[block_table]
-    return pages.flatten(-4, -3)
+    # index_select of whole blocks as rows is a row memcpy, ~2.5x faster than cache[block_table].
+    n, bs, kvh, d = cache.shape
+    rows = cache.view(n, bs * kvh * d).index_select(0, block_table.reshape(-1))
+    return rows.view(*block_table.shape[:-1], block_table.shape[-1] * bs, kvh, d)
 
 
 def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:

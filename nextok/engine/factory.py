@@ -39,6 +39,7 @@ class EngineArgs:
     max_model_len: int | None = None
     seed: int = 0
     num_threads: int | None = None
+    cpu_kernels: bool = True
     download: bool = True
 
 
@@ -76,7 +77,7 @@ def create_engine(args: EngineArgs):
                           args.num_kv_blocks, args.enable_prefix_caching),
         scheduler=SchedulerConfig(args.max_num_seqs, batched, args.enable_chunked_prefill, max_len),
         device=device, dtype=dtype, load_format=ckpt.format, seed=args.seed,
-        num_threads=args.num_threads)
+        num_threads=args.num_threads, cpu_kernels=args.cpu_kernels)
     weights = None if ckpt.format == "dummy" else ckpt.weights()
     runner = ModelRunner(config, weights, max_len)
     num_blocks = _num_blocks(config, runner)

@@ -37,7 +37,7 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.dtype = DTYPES[config.dtype]
         mc = config.model
-        self.backend = TorchRefBackend()
+        self.backend = TorchRefBackend(self._cpu_decode_kernel())
         cls = model_class(mc.architecture)
         with torch.device(self.device):
             model = cls(mc, self.backend, max_positions=max_model_len)
@@ -46,13 +46,20 @@ class ModelRunner:
             model.init_dummy_weights(config.seed)
         else:
             model.load_weights(weights)
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and config.cpu_kernels:
             model.pack_for_cpu(self.dtype)
         self.model = model.eval()
         self.sampler = Sampler()
         self.generators: dict[int, torch.Generator] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = config.cache.block_size
+
+    def _cpu_decode_kernel(self):
+        if self.device.type != "cpu" or self.dtype != torch.float32 or not self.config.cpu_kernels:
+            return None
+        from nextok.kernels.cpu_attention import load_paged_decode
+
+        return load_paged_decode()
 
     # ---- KV pool -------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -120,7 +127,9 @@ class ModelRunner:
             padded = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in decode_tables]
             meta.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=dev)
             meta.decode_context_lens = torch.tensor(decode_lens, dtype=torch.long, device=dev)
-            meta.decode_mask = decode_mask(meta.decode_context_lens, max_blocks * bs, meta.sliding_window)
+            if self.backend.needs_decode_mask:
+                meta.decode_mask = decode_mask(meta.decode_context_lens, max_blocks * bs,
+                                               meta.sliding_window)
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions = torch.tensor(pos, dtype=torch.long, device=dev)
         return input_ids, positions, meta, sample_rows, sample_items

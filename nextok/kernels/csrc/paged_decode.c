@@ -1,0 +1,141 @@
+/* Paged decode attention on CPU, float32: one query token per sequence, keys and values read
+ * straight from the paged KV pool (no gathered copy, each K/V row read once).
+ *
+ * Layouts (as nextok/attention/base.py):
+ *   q, out        [B, H, D]
+ *   k/v cache     [num_blocks, block_size, KVH, D]
+ *   block_tables  [B, max_blocks] int64      context_lens [B] int64
+ * Query head h reads KV head h / (H / KVH) (GQA). With a sliding window W, query at position
+ * p = len - 1 sees keys (p - W, p].
+ *
+ * One task per sequence. Two passes over the keys (scores, then the weighted sum of values) with an exact softmax in
+ * between, so results match a reference softmax to float rounding.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* 8-wide float vectors (AVX2 registers on x86; GCC splits them on narrower targets). The kernel
+ * is memory bound only if its inner loops vectorize; plain loops with a float reduction do not
+ * (the compiler may not reorder the sum), so the sums are written over vectors explicitly. */
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+
+static inline float hsum(v8 v) {
+    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+static inline float dot(const float *restrict a, const float *restrict b, int d) {
+    int i = 0;
+    float s = 0.f;
+    if (d >= 8) {
+        v8 acc = *(const v8 *)a * *(const v8 *)b;
+        for (i = 8; i + 8 <= d; i += 8) acc += *(const v8 *)(a + i) * *(const v8 *)(b + i);
+        s = hsum(acc);
+    }
+    for (; i < d; i++) s += a[i] * b[i];
+    return s;
+}
+
+static inline void axpy(float *restrict y, float a, const float *restrict x, int d) {
+    int i = 0;
+    for (; i + 8 <= d; i += 8) *(v8 *)(y + i) += a * *(const v8 *)(x + i);
+    for (; i < d; i++) y[i] += a * x[i];
+}
+
+/* exp(x) for x <= 0 on 8 lanes: x = k ln2 + r, |r| <= ln2 / 2, exp(r) by its degree-6 Taylor
+ * polynomial (relative error < 2e-7, below float32 rounding of the sum), 2^k through the
+ * exponent bits. Lanes below -87 (exp < 1.6e-38, a softmax weight that rounds to 0) give 0. */
+typedef int v8i __attribute__((vector_size(32)));
+
+static inline v8 exp_neg(v8 x) {
+    const v8 zero = {0};
+    v8i alive = x >= -87.f;  /* all ones where exp(x) is a normal float */
+    x = (v8)(((v8i)x & alive) | ((v8i)(zero - 87.f) & ~alive));
+    v8 kf = __builtin_convertvector(__builtin_convertvector(x * 1.44269504f - 0.5f, v8i), v8);
+    v8 r = x - kf * 0.693359375f + kf * 2.12194440e-4f;  /* ln2 split in two for precision */
+    v8 p = zero + 1.f / 720.f;
+    p = p * r + 1.f / 120.f;
+    p = p * r + 1.f / 24.f;
+    p = p * r + 1.f / 6.f;
+    p = p * r + 0.5f;
+    p = p * r + 1.f;
+    p = p * r + 1.f;
+    v8i bits = (__builtin_convertvector(kf, v8i) + 127) << 23;
+    return (v8)((v8i)(p * (v8)bits) & alive);
+}
+
+/* s[i] = exp(s[i] - m); returns the sum. */
+static float exp_sub_sum(float *s, int64_t n, float m) {
+    int64_t i = 0;
+    v8 acc = {0};
+    for (; i + 8 <= n; i += 8) {
+        v8 e = exp_neg(*(v8 *)(s + i) - m);
+        *(v8 *)(s + i) = e;
+        acc += e;
+    }
+    float sum = hsum(acc);
+    for (; i < n; i++) { s[i] = expf(s[i] - m); sum += s[i]; }
+    return sum;
+}
+
+/* One sequence, all heads: each token's K and V rows (KVH * D floats, contiguous in the pool)
+ * are read once, front to back, so the hardware prefetcher streams whole 16-token blocks.
+ * scores: scratch of H * len floats. */
+static void one_sequence(const float *q, const float *k_cache, const float *v_cache,
+                         const int64_t *table, int64_t len, float *out, float *scores,
+                         int H, int KVH, int D, int bs, float scale, int window) {
+    const int G = H / KVH;
+    const int64_t start = (window > 0 && len > window) ? len - window : 0;
+    const int64_t n = len - start;
+    const int64_t row = (int64_t)KVH * D;
+    float maxs[256];
+    for (int h = 0; h < H; h++) maxs[h] = -INFINITY;
+    for (int64_t t = start; t < len; t++) {
+        const float *k = k_cache + (table[t / bs] * bs + t % bs) * row;
+        for (int h = 0; h < H; h++) {
+            float sc = dot(q + (int64_t)h * D, k + (int64_t)(h / G) * D, D) * scale;
+            scores[h * n + (t - start)] = sc;
+            if (sc > maxs[h]) maxs[h] = sc;
+        }
+    }
+    for (int h = 0; h < H; h++) {
+        float *sh = scores + h * n;
+        const float inv = 1.f / exp_sub_sum(sh, n, maxs[h]);
+        for (int64_t i = 0; i < n; i++) sh[i] *= inv;
+    }
+    memset(out, 0, sizeof(float) * (size_t)H * D);
+    for (int64_t t = start; t < len; t++) {
+        const float *v = v_cache + (table[t / bs] * bs + t % bs) * row;
+        for (int h = 0; h < H; h++)
+            axpy(out + (int64_t)h * D, scores[h * n + (t - start)], v + (int64_t)(h / G) * D, D);
+    }
+}
+
+/* Returns 0, or -1 when H > 256 or scratch memory could not be had. */
+int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
+                     const int64_t *block_tables, const int64_t *context_lens, float *out,
+                     int B, int H, int KVH, int D, int bs, int max_blocks, float scale,
+                     int window, int num_threads) {
+    if (H > 256 || KVH <= 0 || H % KVH) return -1;
+    int64_t max_len = 1;
+    for (int b = 0; b < B; b++) if (context_lens[b] > max_len) max_len = context_lens[b];
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)H * (size_t)max_len);
+        if (!scores) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int b = 0; b < B; b++) {
+            if (!scores) continue;
+            one_sequence(q + (int64_t)b * H * D, k_cache, v_cache,
+                         block_tables + (int64_t)b * max_blocks, context_lens[b],
+                         out + (int64_t)b * H * D, scores, H, KVH, D, bs, scale, window);
+        }
+        free(scores);
+    }
+    return failed ? -1 : 0;
+}
