@@ -30,14 +30,15 @@ class Attention(nn.Module):
                                   bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
 
-    def forward(self, x, positions, rope: RotaryEmbedding, kv_cache, meta: AttentionMetadata,
+    def forward(self, x, rope_cos_sin, kv_cache, meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
+        # x: [T, hidden]; rope_cos_sin: ([T, 1, D/2], [T, 1, D/2]) for this step's positions
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = rope(positions, q, k)
+        qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
+        qk = qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+        qk = RotaryEmbedding.rotate(qk, *rope_cos_sin)  # q and k heads in one pass
+        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
         out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.reshape(t, self.q_size))
 
@@ -50,8 +51,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x, positions, rope, kv_cache, meta, backend):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, kv_cache, meta, backend)
+    def forward(self, x, rope_cos_sin, kv_cache, meta, backend):
+        x = x + self.self_attn(self.input_layernorm(x), rope_cos_sin, kv_cache, meta, backend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -74,8 +75,9 @@ class LlamaForCausalLM(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         # input_ids, positions: [T] -> hidden states [T, hidden]
         x = self.embed_tokens(input_ids)
+        rope_cos_sin = self.rope.table(positions, x.dtype)  # shared by every layer
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, positions, self.rope, kv_cache, meta, self.backend)
+            x = layer(x, rope_cos_sin, kv_cache, meta, self.backend)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
