@@ -35,3 +35,16 @@ def make_llm(model_path):
 def llm_f32(make_llm):
     """The default engine configuration, float32 (exactness tests use float32)."""
     return make_llm()
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_path):
+    """transformers' model from the same GGUF, float32: the numerical reference (~20 s, once)."""
+    import os
+
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(model_path), gguf_file=os.path.basename(model_path), dtype=torch.float32)
+    return model.eval()

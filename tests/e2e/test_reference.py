@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -18,14 +17,6 @@ from tests.prompts import PROMPTS
 ABS_TOL = 2e-3  # fp32 logits; differences come only from summation order
 NEAR_TIE = 1e-3
 NEW_TOKENS = 64
-
-
-@pytest.fixture(scope="module")
-def hf_model(model_path):
-    transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(model_path), gguf_file=os.path.basename(model_path), dtype=torch.float32)
-    return model.eval()
 
 
 def _engine_logits(llm, ids: list[int]) -> torch.Tensor:

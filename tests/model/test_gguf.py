@@ -29,11 +29,8 @@ def real(model_path):
 
 
 @pytest.fixture(scope="module")
-def hf_state(model_path):
-    transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(model_path), gguf_file=os.path.basename(model_path), dtype=torch.float32)
-    return model.state_dict()
+def hf_state(hf_model):
+    return hf_model.state_dict()
 
 
 def test_real_config(real):
