@@ -23,6 +23,10 @@ class TorchRefBackend(AttentionBackend):
     def __init__(self, decode_kernel=None):
         self.decode_kernel = decode_kernel
         self.needs_decode_mask = decode_kernel is None
+        if decode_kernel is not None:
+            from nextok.kernels.cpu_attention import paged_decode
+
+            self._paged_decode = paged_decode
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float):
         # q: [T, H, D]; k, v: [T, KVH, D]; caches: [num_blocks, block_size, KVH, D]
@@ -32,11 +36,9 @@ class TorchRefBackend(AttentionBackend):
         out = torch.empty_like(q)
         nd = meta.num_decode
         if nd and self.decode_kernel is not None:
-            from nextok.kernels.cpu_attention import paged_decode
-
-            out[:nd] = paged_decode(self.decode_kernel, q[:nd], k_cache, v_cache,
-                                    meta.decode_block_tables, meta.decode_context_lens, scale,
-                                    meta.sliding_window)
+            out[:nd] = self._paged_decode(self.decode_kernel, q[:nd], k_cache, v_cache,
+                                          meta.decode_block_tables, meta.decode_context_lens,
+                                          scale, meta.sliding_window)
         elif nd:
             out[:nd] = _decode(q[:nd], k_cache, v_cache, meta, scale)
         for chunk in meta.prefills:

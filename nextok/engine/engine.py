@@ -138,11 +138,10 @@ class LLMEngine:
 
     def _detokenize(self, req: _Request, seq: Sequence, token: int, lp) -> None:
         detok = req.detoks[seq.index]
+        if req.logprobs is not None and lp is not None:
+            req.logprobs[seq.index].append(Logprob(token, lp.logprob, lp.top))
         if self._ended_by_stop_token(seq, token):
-            # Like vLLM: the EOS or stop token that ended the sequence adds no text.
-            detok.finish()
-            if req.logprobs is not None and lp is not None:
-                req.logprobs[seq.index].append(Logprob(token, lp.logprob, lp.top))
+            detok.finish()  # like vLLM: the EOS or stop token that ended it adds no text
             return
         _, stopped = detok.step([token])
         if stopped and not seq.is_finished:
@@ -150,8 +149,6 @@ class LLMEngine:
             self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED)
         elif seq.is_finished and not stopped:
             detok.finish()  # flush text held back for a stop string that never completed
-        if req.logprobs is not None and lp is not None:
-            req.logprobs[seq.index].append(Logprob(token, lp.logprob, lp.top))
 
     def _ended_by_stop_token(self, seq: Sequence, token: int) -> bool:
         if seq.status != SequenceStatus.FINISHED_STOPPED or seq.params.include_stop_str_in_output:

@@ -107,3 +107,17 @@ def test_n_samples_share_prompt_blocks(llm_f32):
     assert len(out.outputs) == 4
     assert len({tuple(o.token_ids) for o in out.outputs}) > 1, "n samples should differ"
     _assert_no_leak(llm_f32)
+
+
+def test_stop_token_ends_without_its_text(llm_f32):
+    prompt = "def fibonacci(n):"
+    free = llm_f32.generate(prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
+    ids = free.outputs[0].token_ids
+    stop_id = ids[4]
+    first = ids.index(stop_id)  # the first time the model produces it
+    out = llm_f32.generate(prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                                                  stop_token_ids=[stop_id], skip_special_tokens=False))[0]
+    o = out.outputs[0]
+    assert o.finish_reason == "stop" and o.stop_reason == stop_id
+    assert o.token_ids == ids[:first + 1]  # the stop token is in the ids, not in the text
+    assert o.text == llm_f32.get_tokenizer().decode(ids[:first], skip_special_tokens=False)
