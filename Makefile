@@ -10,11 +10,13 @@ STAMP  := $(VENV)/.nextok-installed
 PIP_PIN   := pip==26.0
 TORCH_PIN := torch==2.13.0
 PINS      := tokenizers==0.23.3 gguf==0.19.0 safetensors==0.8.0 numpy==2.4.6 jinja2==3.1.6 \
-             tqdm==4.70.1 psutil==7.2.2 pytest==9.2.0 transformers==5.17.0 accelerate==1.15.0
+             tqdm==4.70.1 psutil==7.2.2 pytest==9.2.0 transformers==5.17.0 accelerate==1.15.0 \
+             fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 pydantic==2.14.4 \
+             prometheus-client==0.26.0 openai==3.57.0 httpx==0.29.0 schemathesis==4.32.5
 
 PYTEST_ARGS ?=
 
-.PHONY: venv model run test lint clean
+.PHONY: venv model system-deps run test lint clean
 
 venv: $(STAMP)
 
@@ -26,18 +28,28 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q $(PIP_PIN)
 	$(BIN)/python -m pip install --disable-pip-version-check $(TORCH_PIN)
-	$(BIN)/python -m pip install --disable-pip-version-check -e '.[test]' $(TORCH_PIN) $(PINS)
+	$(BIN)/python -m pip install --disable-pip-version-check -e '.[test,server]' $(TORCH_PIN) $(PINS)
 	touch $@
 
 # Pulls the default model into the cache (~/.cache/nextok); a no-op when it is already there.
 model: venv
 	$(BIN)/python -m nextok.hub pull
 
+# Debian packages the tests use: a real Prometheus server scrapes nextok's /metrics.
+system-deps:
+	@command -v prometheus >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ]; then \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus \
+			|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }; \
+		else echo "warning: prometheus is not installed (apt-get install prometheus); its test will skip" >&2; fi; }
+
+# The server on the default model; Ctrl-C (or SIGTERM) drains and stops it.
+PORT ?= 8000
 run: venv model
-	$(BIN)/nextok generate "def fibonacci(n):" --max-tokens 64
+	$(BIN)/nextok serve --host 127.0.0.1 --port $(PORT)
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
-test: venv model
+test: venv model system-deps
 	@rc=0; $(BIN)/python -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest ran no tests" >&2; exit 1; fi; exit $$rc
 

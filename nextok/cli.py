@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     from nextok.bench import throughput
 
     throughput.add_parser(bench_sub, add_engine_args)
+    from nextok.server import serve
+
+    serve.add_parser(sub, add_engine_args)
     return parser
 
 
@@ -124,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (NextokError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except ImportError as e:
+        print(f"error: {e}; the server needs its extra: pip install 'nextok[server]'", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -36,4 +36,6 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
-    metrics: dict = field(default_factory=dict)  # arrival, first_token, finished times (monotonic)
+    # arrival, scheduled, first_token, finished: time.monotonic() stamps
+    metrics: dict = field(default_factory=dict)
+    error: str | None = None  # set when this request failed inside the engine (outputs empty)

@@ -62,7 +62,7 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         text = prompt if isinstance(prompt, str) else None
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._validate(ids, params)
+        self.validate(ids, params)
         arrival = time.monotonic() if arrival is None else arrival
         seqs = [Sequence(request_id, ids, params, index=i, arrival=arrival) for i in range(params.n)]
         detoks = [IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens,
@@ -75,7 +75,9 @@ class LLMEngine:
         for seq in seqs:
             self.scheduler.add(seq)
 
-    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+    def validate(self, ids: list[int], params: SamplingParams) -> None:
+        """Raises InvalidRequestError for a request the engine cannot run. Reads only frozen
+        config, so the server may call it from its own thread before queueing the request."""
         if not ids:
             raise InvalidRequestError("the prompt is empty")
         vocab = self.config.model.vocab_size
@@ -112,21 +114,33 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
+        started = time.monotonic()
+        for item in sched.scheduled:
+            req = self.requests.get(item.seq.request_id)
+            if req is not None:
+                req.metrics.setdefault("scheduled", started)  # queue time ends here
         model_out = self.runner.execute(sched)
         self.scheduler.update(sched, model_out.sampled)
         now = time.monotonic()
         touched: dict[str, _Request] = {}
+        failed: dict[str, str] = {}
         for item in sched.scheduled:
             seq = item.seq
             token = model_out.sampled.get(seq.seq_id)
             req = self.requests.get(seq.request_id)
-            if token is None or req is None:
+            if token is None or req is None or req.request_id in failed:
                 continue
             req.metrics.setdefault("first_token", now)
-            self._detokenize(req, seq, token, model_out.logprobs.get(seq.seq_id))
+            try:
+                self._detokenize(req, seq, token, model_out.logprobs.get(seq.seq_id))
+            except Exception as e:  # one request's bad state must not take the batch down
+                failed[req.request_id] = f"{type(e).__name__}: {e}"
+                continue
             touched[req.request_id] = req
-        outputs = []
+        outputs = [self._fail(rid, msg) for rid, msg in failed.items()]
         for req in touched.values():
+            if req.request_id in failed:
+                continue
             if req.finished:
                 req.metrics["finished"] = now
                 del self.requests[req.request_id]
@@ -135,6 +149,13 @@ class LLMEngine:
             elif req.stream:
                 outputs.append(self._output(req))
         return outputs
+
+    def _fail(self, request_id: str, message: str) -> RequestOutput:
+        req = self.requests[request_id]
+        self.abort_request(request_id)
+        req.metrics["finished"] = time.monotonic()
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, [],
+                             finished=True, metrics=dict(req.metrics), error=message)
 
     def _detokenize(self, req: _Request, seq: Sequence, token: int, lp) -> None:
         detok = req.detoks[seq.index]

@@ -1,0 +1,218 @@
+"""`AsyncEngine`: the synchronous `LLMEngine` stepping in its own thread, fed from asyncio.
+
+    HTTP handler --add()--> inbox (deque) --engine thread: engine.step()--> outputs
+                 <--RequestStream (asyncio.Queue per request)-- loop.call_soon_threadsafe
+
+The engine thread never waits on a client: outputs go into unbounded per-request queues, so a
+slow reader only grows its own queue. The thread owns the engine; the event loop only touches the
+inbox and the per-request queues. torch releases the GIL during kernels, so HTTP work overlaps the
+model's compute.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+import traceback
+from typing import Callable
+
+from nextok.engine.engine import LLMEngine
+from nextok.errors import NextokError
+from nextok.outputs import RequestOutput
+from nextok.sampling_params import SamplingParams
+
+log = logging.getLogger("nextok.engine")
+
+
+class EngineDeadError(NextokError):
+    """The engine loop stopped on an unexpected error; no request can be served any more."""
+
+
+class RequestStream:
+    """The outputs of one request, as an async iterator of cumulative `RequestOutput`s.
+
+    Iteration ends after the finished output, or early when the request is aborted; then
+    `aborted` holds the reason ("abort", "cancelled", ...). Raises EngineDeadError or
+    RuntimeError (a failure inside the engine for this request only).
+    """
+
+    def __init__(self, engine: "AsyncEngine", request_id: str):
+        self.engine = engine
+        self.request_id = request_id
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.aborted: str | None = None
+        self.finished = False
+        self.last: RequestOutput | None = None
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if isinstance(item, str):  # an abort reason, put by AsyncEngine.abort
+            self.finished = True
+            self.aborted = item
+            raise StopAsyncIteration
+        if item.error is not None:
+            self.finished = True
+            raise RuntimeError(item.error)
+        self.last = item
+        self.finished = item.finished
+        return item
+
+    def abort(self, reason: str = "abort") -> None:
+        """Stops the request (client gone, superseded); a no-op once it has finished."""
+        if not self.finished:
+            self.engine.abort(self.request_id, reason)
+
+
+StepObserver = Callable[[list[RequestOutput], dict], None]
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, on_step: StepObserver | None = None,
+                 on_abort: Callable[[str, str], None] | None = None, idle_wait_s: float = 0.5):
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        self._on_step = on_step  # runs in the engine thread after each step: metrics
+        self._on_abort = on_abort  # runs in the event loop: metrics of aborts by reason
+        self._idle_wait_s = idle_wait_s
+        self._inbox: collections.deque = collections.deque()  # ("add"|"abort", ...) commands
+        self._wake = threading.Event()
+        self._streams: dict[str, RequestStream] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.dead: BaseException | None = None
+        self.on_dead: Callable[[BaseException], None] | None = None
+        self.num_pending_adds = 0  # added but not yet seen by the engine thread
+        self.last_stats: dict = engine.stats()
+        self.last_step_time = time.monotonic()
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="nextok-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.dead is None
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued but not yet running: the engine's waiting queue plus the inbox."""
+        return self.last_stats.get("num_waiting", 0) + self.num_pending_adds
+
+    # ---- requests (event loop thread) -----------------------------------------------------
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> RequestStream:
+        """Validates and queues a request. Raises InvalidRequestError (-> HTTP 400) at once."""
+        if self.dead is not None:
+            raise EngineDeadError(f"the engine loop has stopped: {self.dead}")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self.engine.validate(prompt_token_ids, params)
+        stream = RequestStream(self, request_id)
+        self._streams[request_id] = stream
+        self.num_pending_adds += 1
+        self._inbox.append(("add", request_id, list(prompt_token_ids), params, time.monotonic()))
+        self._wake.set()
+        return stream
+
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return
+        stream.queue.put_nowait(reason)
+        self._inbox.append(("abort", request_id))
+        self._wake.set()
+        if self._on_abort is not None:
+            self._on_abort(request_id, reason)
+
+    # ---- the engine thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._drain_inbox()
+                if not self.engine.has_unfinished_requests():
+                    self._wake.wait(self._idle_wait_s)
+                    self._wake.clear()
+                    self.last_step_time = time.monotonic()  # idle, but alive (for /ready)
+                    continue
+                outputs = self.engine.step()
+                self.last_step_time = time.monotonic()
+                self._observe(outputs)
+                if outputs:
+                    self._loop.call_soon_threadsafe(self._dispatch, outputs)
+        except BaseException as e:  # noqa: BLE001 - whatever it was, every waiter must learn of it
+            log.error("engine loop died:\n%s", traceback.format_exc())
+            self.dead = e
+            self._loop.call_soon_threadsafe(self._fail_all, e)
+
+    def _drain_inbox(self) -> None:
+        failed = []
+        changed = False
+        while self._inbox:
+            cmd = self._inbox.popleft()
+            changed = True
+            if cmd[0] == "add":
+                _, rid, ids, params, arrival = cmd
+                try:
+                    self.engine.add_request(rid, ids, params, stream=True, arrival=arrival)
+                except Exception as e:  # validated already; a race (duplicate id) lands here
+                    failed.append(RequestOutput(rid, None, ids, [], finished=True, error=str(e)))
+                finally:
+                    self._loop.call_soon_threadsafe(self._added)
+            else:
+                self.engine.abort_request(cmd[1])
+        if changed:
+            self._observe(failed)
+        if failed:
+            self._loop.call_soon_threadsafe(self._dispatch, failed)
+
+    def _observe(self, outputs: list[RequestOutput]) -> None:
+        self.last_stats = self.engine.stats()
+        if self._on_step is not None:
+            try:
+                self._on_step(outputs, self.last_stats)
+            except Exception:  # metrics must never stop the engine
+                log.exception("step observer failed")
+
+    # ---- back on the event loop -----------------------------------------------------------
+    def _added(self) -> None:
+        self.num_pending_adds -= 1
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue  # aborted meanwhile
+            stream.queue.put_nowait(out)
+            if out.finished:
+                del self._streams[out.request_id]
+
+    def _fail_all(self, exc: BaseException) -> None:
+        err = EngineDeadError(f"the engine loop has stopped: {type(exc).__name__}: {exc}")
+        for stream in self._streams.values():
+            stream.queue.put_nowait(err)
+        self._streams.clear()
+        if self.on_dead is not None:
+            self.on_dead(exc)
