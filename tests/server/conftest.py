@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAIN_KEY = "sk-test-main"
 LIMITED_KEY = "sk-test-limited"  # rpm=3: the rate-limit test exhausts it alone
 TPM_KEY = "sk-test-tpm"  # tpm=200
@@ -25,15 +26,16 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m nextok serve ...` on a free port; logs go to a file the test can read."""
 
-    def __init__(self, args: list[str], log_path: str, model_path: str, port: int | None = None):
+    def __init__(self, args: list[str], log_path: str, model_path: str, port: int | None = None,
+                 entry: tuple[str, ...] = ("nextok",)):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self.cmd = [sys.executable, "-m", "nextok", "serve", "--model", model_path, "--host", "127.0.0.1",
+        self.cmd = [sys.executable, "-m", *entry, "serve", "--model", model_path, "--host", "127.0.0.1",
                     "--port", str(self.port), "--served-model-name", "smollm2-135m-instruct", "--dtype", "float32", "--kv-cache-memory", "256MiB", *args]
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO)
 
     def wait_ready(self, timeout: float = 180.0) -> "ServerProcess":
         deadline = time.monotonic() + timeout
