@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from nextok import __version__
@@ -66,11 +66,12 @@ def build_app(engine: AsyncEngine, config: ServerConfig, metrics: ServerMetrics 
     app.state.nextok = state
     install_error_handlers(app)
 
-    from nextok.server import chat_api, code_api, openai_api
+    from nextok.server import chat_api, code_api, infill_api, openai_api
 
     app.include_router(openai_api.router)
     app.include_router(chat_api.router)
     app.include_router(code_api.router)
+    app.include_router(infill_api.router)
     _add_ops_routes(app, state)
 
     if config.cors_origins:
@@ -128,6 +129,3 @@ def _declare_bearer_auth(app: FastAPI) -> None:
 
     app.openapi = openapi
 
-
-def request_caller(request: Request):
-    return request.state.caller

@@ -233,6 +233,7 @@ class CodeCompleteRequest(Request):
     session_id: str | None = Field(None, max_length=256,
                                    description="a newer request with the same id cancels this one")
     stream: bool = False
+    return_prompt: bool = Field(False, description="include the prompt the model saw (debugging)")
 
 
 class CodeCompleteResponse(BaseModel):
@@ -245,3 +246,4 @@ class CodeCompleteResponse(BaseModel):
     cached_tokens: int
     fim: bool
     mode: Literal["single_line", "multi_line"]
+    prompt: str | None = None

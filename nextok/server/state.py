@@ -113,18 +113,12 @@ class ServerState:
             async for _ in merge(streams, rec):
                 pass
 
-        work = asyncio.ensure_future(consume())
-        gone = asyncio.ensure_future(wait_disconnect(request))
         try:
-            await asyncio.wait([work, gone], return_when=asyncio.FIRST_COMPLETED)
-            if not work.done():
+            if not await run_unless_disconnected(request, consume()):
                 rec.finish_reason, rec.status = "abort", 499
                 return None
-            work.result()  # re-raise an engine error
             return [s.last for s in streams]
         finally:
-            for task in (work, gone):
-                task.cancel()
             for s in streams:
                 s.abort()
 
@@ -181,6 +175,21 @@ async def merge(streams: list[RequestStream], rec: RequestRecord | None = None
             t.cancel()
         for s in streams:
             s.abort()
+
+
+async def run_unless_disconnected(request: Request, work) -> bool:
+    """Runs the coroutine `work`; False (and `work` cancelled) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(wait_disconnect(request))
+    try:
+        await asyncio.wait([task, gone], return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            return False
+        task.result()  # re-raise what the work raised
+        return True
+    finally:
+        task.cancel()
+        gone.cancel()
 
 
 async def wait_disconnect(request: Request) -> None:
