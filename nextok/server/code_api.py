@@ -48,6 +48,9 @@ def code_prompt(state: ServerState, prefix: str, suffix: str, language: str = ""
                 filepath: str | None = None, extra_context=(), max_new_tokens: int = 1):
     from nextok.server import fim
 
+    if max_new_tokens >= state.max_model_len:
+        raise APIError(400, f"max_tokens ({max_new_tokens}) leaves no room for the prompt in the "
+                            f"context window of {state.max_model_len} tokens", param="max_tokens")
     return fim.build_code_prompt(
         fim_of(state), prefix, suffix, count_tokens=token_counter(state), language=language or None,
         filepath=filepath, extra_context=list(extra_context),
@@ -58,7 +61,7 @@ def code_prompt(state: ServerState, prefix: str, suffix: str, language: str = ""
 def fim_prompt_ids(state: ServerState, prefix: str, suffix: str, max_new_tokens: int = 16) -> list[int]:
     """OpenAI `suffix` on /v1/completions (Continue's FIM): the same FIM layout."""
     prompt = code_prompt(state, prefix, suffix, max_new_tokens=max_new_tokens)
-    return state.tokenizer.encode(prompt.text, add_special_tokens=False)
+    return state.tokenizer.encode(prompt.text)  # with BOS where the family's tokenizer adds one
 
 
 def code_stop_ids(state: ServerState) -> list[int]:
@@ -190,7 +193,7 @@ async def code_complete(req: P.CodeCompleteRequest, request: Request):
     max_tokens = req.max_tokens or DEFAULT_MAX_TOKENS[mode]
     context = [c.model_dump() for c in req.extra_context]
     prompt = code_prompt(state, prefix, suffix, req.language, req.filepath, context, max_tokens)
-    ids = state.tokenizer.encode(prompt.text, add_special_tokens=False)
+    ids = state.tokenizer.encode(prompt.text)  # with BOS where the family's tokenizer adds one
     try:
         params = SamplingParams(temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                                 max_tokens=max_tokens, stop=req.stop, stop_token_ids=code_stop_ids(state))

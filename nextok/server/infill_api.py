@@ -137,7 +137,7 @@ async def infill(req: InfillRequest, request: Request):
     extra = [{"filepath": c.filename, "content": c.text} for c in req.input_extra]
     prompt = code_prompt(state, req.input_prefix + req.prompt, req.input_suffix, extra_context=extra,
                          max_new_tokens=max_tokens)
-    ids = state.tokenizer.encode(prompt.text, add_special_tokens=False)
+    ids = state.tokenizer.encode(prompt.text)
     params = infill_sampling(req, max_tokens, code_stop_ids(state))
     rec = state.record("infill", "/infill", request.state.caller)
     stoppers = [IndentStop(req.n_indent, req.t_max_predict_ms) for _ in range(req.n_cmpl)]

@@ -109,7 +109,7 @@ def completion_prompts(state: ServerState, req: P.CompletionRequest) -> tuple[li
             raise APIError(400, "suffix needs a text prompt, not token ids", param="suffix")
         from nextok.server.code_api import fim_prompt_ids
 
-        ids = [fim_prompt_ids(state, t, req.suffix) for t in texts]
+        ids = [fim_prompt_ids(state, t, req.suffix, req.max_tokens or 16) for t in texts]
     elif texts is not None:
         ids = [state.tokenizer.encode(t) for t in texts]
     if any(not x for x in ids):
