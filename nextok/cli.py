@@ -8,6 +8,9 @@ import sys
 from nextok import __version__
 
 
+_SERVER_MODULES = {"fastapi", "starlette", "uvicorn", "pydantic", "prometheus_client"}
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Engine flags shared by every command that loads a model (names match `EngineArgs`)."""
     g = p.add_argument_group("engine")
@@ -128,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     except (NextokError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except ImportError as e:
+    except ModuleNotFoundError as e:
+        if e.name not in _SERVER_MODULES:
+            raise
         print(f"error: {e}; the server needs its extra: pip install 'nextok[server]'", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
