@@ -16,7 +16,7 @@ PINS      := tokenizers==0.23.3 gguf==0.19.0 safetensors==0.8.0 numpy==2.4.6 jin
 
 PYTEST_ARGS ?=
 
-.PHONY: venv model system-deps run test lint clean
+.PHONY: venv model system-deps peer run test lint clean
 
 venv: $(STAMP)
 
@@ -42,6 +42,11 @@ system-deps:
 			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus \
 			|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }; \
 		else echo "warning: prometheus is not installed (apt-get install prometheus); its test will skip" >&2; fi; }
+
+# llama.cpp's own llama-server, the peer of `nextok bench compare`: built once from the llama.cpp
+# source vendored in the llama-cpp-python sdist and cached (~/.cache/nextok/peer; 8-14 min on 2 cores).
+peer: venv
+	bash benchmarks/peer/build_llama_server.sh $(BIN)/python
 
 # The server on the default model; Ctrl-C (or SIGTERM) drains and stops it.
 PORT ?= 8000

@@ -111,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     from nextok.bench import throughput
 
     throughput.add_parser(bench_sub, add_engine_args)
+    from nextok.bench import serve_bench
+
+    serve_bench.add_parser(bench_sub)
+    from nextok.bench import compare
+
+    compare.add_parser(bench_sub)
     from nextok.server import serve
 
     serve.add_parser(sub, add_engine_args)
