@@ -59,8 +59,12 @@ class HttpBackend:
         await self.client.aclose()
 
     async def served_model(self) -> str:
-        r = await self.client.get("/v1/models")
-        r.raise_for_status()
+        try:
+            r = await self.client.get("/v1/models")
+        except httpx.HTTPError as e:
+            raise ValueError(f"cannot reach {self.base_url}: {type(e).__name__}: {e}") from e
+        if r.status_code != 200:
+            raise ValueError(f"GET {self.base_url}/v1/models: HTTP {r.status_code}: {_error_message(r.text)}")
         return r.json()["data"][0]["id"]
 
     def body(self, req: BenchRequest) -> dict:
