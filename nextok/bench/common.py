@@ -95,3 +95,13 @@ def write_json(path: str, data: dict) -> None:
     with open(path, "w") as f:
         json.dump(data, f, indent=2)
         f.write("\n")
+
+
+def machine_line(m: dict) -> str:
+    """One line for a results table: CPU, its vector extensions, memory, torch, GPU."""
+    flags = m.get("cpu_flags") or {}
+    isa = ", ".join(k.upper() for k, v in flags.items() if v) or "no AVX2"
+    gpu = f", GPU {m['cuda_device']}" if m.get("cuda_device") else ""
+    return (f"{m.get('cpu_model', '?')} x{m.get('cpu_count', '?')} CPUs ({isa}), "
+            f"{m.get('memory_total_bytes', 0) / 2**30:.1f} GiB, {m.get('os', '?')}, "
+            f"Python {m.get('python', '?')}, torch {m.get('torch_version', '?')}{gpu}")

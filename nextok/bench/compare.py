@@ -141,7 +141,7 @@ def ratio_table(runs: list[dict], workloads: list[Workload]) -> list[dict]:
 def markdown(result: dict) -> str:
     h = result
     lines = [f"# nextok vs llama.cpp llama-server ({h['time_utc'][:10]})", "",
-             f"Machine: {h['machine']}", f"Commit: {h['commit']}{' (dirty)' if h['dirty'] else ''}",
+             f"Machine: {common.machine_line(h['machine'])}", f"Commit: {h['commit']}{' (dirty)' if h['dirty'] else ''}",
              f"Command: `{h['command']}`",
              f"Model: {os.path.basename(h['model'])}; both servers: {h['threads']} threads, "
              f"{h['parallel']} parallel slots; llama-server: `{' '.join(h['llama_argv'][3:])}`", "",

@@ -88,7 +88,7 @@ class HttpBackend:
                     "temperature": self.temperature, "stream": True, "cache_prompt": True}
         if self.model and self.endpoint != "infill":
             body["model"] = self.model
-        if req.ignore_eos:
+        if req.ignore_eos and self.endpoint != "code":  # code completion stops by its own rules
             body["ignore_eos"] = True
         body.update(req.extra)
         return body

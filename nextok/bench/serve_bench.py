@@ -120,7 +120,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     result = {**common.header({"base_url": args.base_url, "endpoint": endpoint, "dataset": args.dataset,
                                "request_rate": str(args.request_rate), "max_concurrency": args.max_concurrency}),
               **result}
-    if "summary" in result and "ttft_ms" in result["summary"]:
+    if args.dataset == "keystroke":
+        from nextok.bench import keystroke
+
+        print(keystroke.format_summary(result["summary"]))
+    elif "summary" in result and "ttft_ms" in result["summary"]:
         print(format_summary(result["summary"]))
     if args.output:
         common.write_json(args.output, result)

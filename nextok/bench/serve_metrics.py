@@ -113,7 +113,8 @@ def summarize(results: list[RequestResult], duration: float, slo: dict[str, floa
         "request_throughput": len(ok) / dur,
         "output_throughput": out_tokens / dur,
         "total_token_throughput": (in_tokens + out_tokens) / dur,
-        "ttft_ms": distribution([r.ttft for r in ok if r.output_len > 0], percentiles),
+        # a request that streamed no text (it stopped at once) has no first token to time
+        "ttft_ms": distribution([r.ttft for r in ok if r.text], percentiles),
         "tpot_ms": distribution([t for r in ok if (t := r.tpot) is not None], percentiles),
         "itl_ms": distribution([g for r in ok for g in r.itl], percentiles),
         "e2e_ms": distribution([r.latency for r in ok], percentiles),

@@ -12,8 +12,9 @@ from nextok.bench.serve_metrics import RequestResult, distribution, meets_slo, p
 
 def result(ttft, gaps, out=None, prompt=10, ok=True, **kw):
     """A request whose chunks arrived at ttft, then after each gap; one token per chunk."""
-    return RequestResult(ok=ok, prompt_len=prompt, output_len=out if out is not None else len(gaps) + 1,
-                         ttft=ttft, itl=list(gaps), latency=ttft + sum(gaps), **kw)
+    n = out if out is not None else len(gaps) + 1
+    return RequestResult(ok=ok, prompt_len=prompt, output_len=n, ttft=ttft, itl=list(gaps),
+                         latency=ttft + sum(gaps), text="x" * (len(gaps) + 1), **kw)
 
 
 def test_tpot_excludes_the_first_token():
@@ -55,6 +56,9 @@ def test_summary_counts_throughput_and_flattens_itl():
     assert s["tpot_ms"]["mean"] == pytest.approx((100 + 200) / 2)  # per request, then averaged
     assert s["e2e_ms"]["p50"] == pytest.approx(400.0)
     assert "goodput" not in s
+    # a request that streamed no text has no TTFT (not a zero one)
+    silent = RequestResult(ok=True, prompt_len=3, output_len=1, latency=0.2)
+    assert summarize(rs + [silent], duration=2.0)["ttft_ms"]["mean"] == pytest.approx(200.0)
 
 
 def test_goodput_counts_requests_meeting_every_slo():
