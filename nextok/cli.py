@@ -9,6 +9,7 @@ from nextok import __version__
 
 
 _SERVER_MODULES = {"fastapi", "starlette", "uvicorn", "pydantic", "prometheus_client"}
+_BENCH_MODULES = {"httpx", "matplotlib", "transformers", "accelerate"}
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -114,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     from nextok.bench import serve_bench
 
     serve_bench.add_parser(bench_sub)
+    from nextok.bench import ladder
+
+    ladder.add_parser(bench_sub)  # also `bench plot`
     from nextok.bench import compare
 
     compare.add_parser(bench_sub)
@@ -138,9 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except ModuleNotFoundError as e:
-        if e.name not in _SERVER_MODULES:
+        extra = "server" if e.name in _SERVER_MODULES else "bench" if e.name in _BENCH_MODULES else None
+        if extra is None:
             raise
-        print(f"error: {e}; the server needs its extra: pip install 'nextok[server]'", file=sys.stderr)
+        print(f"error: {e}; this command needs an extra: pip install 'nextok[{extra}]'", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

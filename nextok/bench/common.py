@@ -31,12 +31,19 @@ def header(extra: dict | None = None) -> dict:
     return {
         "nextok_version": __version__,
         **git_commit(),
-        "command": "nextok " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("nextok")
-        else " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+        "command": _command_line(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": platform.describe_machine(),
         **(extra or {}),
     }
+
+
+def _command_line() -> str:
+    """How this run was started, as a user would type it (`python -m nextok` counts as nextok)."""
+    prog = sys.argv[0]
+    if prog.endswith("nextok") or prog.endswith(os.path.join("nextok", "__main__.py")):
+        return " ".join(["nextok", *sys.argv[1:]])
+    return " ".join([os.path.basename(prog), *sys.argv[1:]])
 
 
 def _cpu_jiffies() -> tuple[int, int]:

@@ -23,8 +23,6 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 
-import httpx
-
 from nextok.bench.keystroke_sessions import (LANGUAGES, Keystroke, Session, TypingSpec,
                                              build_sessions, candidate_files)
 from nextok.bench.load import BenchRequest, HttpBackend
@@ -126,6 +124,8 @@ def parse_prefix_cache_counters(text: str) -> dict[str, float] | None:
 
 
 async def read_prefix_cache_counters(backend: HttpBackend) -> dict[str, float] | None:
+    import httpx
+
     try:
         r = await backend.client.get("/metrics")
     except httpx.HTTPError:

@@ -21,8 +21,6 @@ import random
 import time
 from dataclasses import dataclass, field
 
-import httpx
-
 from nextok.bench.serve_metrics import RequestResult
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions",
@@ -44,6 +42,8 @@ class BenchRequest:
 class HttpBackend:
     def __init__(self, base_url: str, endpoint: str = "completions", api_key: str | None = None,
                  model: str | None = None, timeout: float = 600.0, temperature: float = 0.0):
+        import httpx  # the bench extra; `nextok --help` works without it
+
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r} ({' | '.join(ENDPOINTS)})")
         self.base_url = base_url.rstrip("/")
@@ -59,6 +59,8 @@ class HttpBackend:
         await self.client.aclose()
 
     async def served_model(self) -> str:
+        import httpx
+
         try:
             r = await self.client.get("/v1/models")
         except httpx.HTTPError as e:
@@ -95,6 +97,8 @@ class HttpBackend:
 
     async def send(self, req: BenchRequest, t0: float = 0.0) -> RequestResult:
         """Streams one request; never raises for a server or network error (it is in the result)."""
+        import httpx
+
         res = RequestResult(ok=False, prompt_len=req.prompt_len, start=time.perf_counter() - t0)
         sent = time.perf_counter()
         last = None

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 
-import httpx
 import psutil
 
 PEER_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "peer", "build_llama_server.sh")
@@ -67,6 +66,8 @@ class ServerUnderTest:
         return cls("llama.cpp", argv, port, "/health", os.path.join(log_dir, "llama-server.log"))
 
     def start(self, timeout: float = 300.0) -> "ServerUnderTest":
+        import httpx
+
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
@@ -107,14 +108,15 @@ class ServerUnderTest:
             return 0
 
     def stop(self, timeout: float = 30.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
         self._log.close()
 
 
