@@ -208,7 +208,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     finally:
         mine.stop()
         peer.stop()
-    result = common.header({"model": gguf, "threads": args.threads, "parallel": args.parallel,
+    result = common.header({"benchmark": "compare", "model": gguf, "threads": args.threads, "parallel": args.parallel,
                             "llama_server": binary, "llama_argv": peer.argv, "nextok_argv": mine.argv,
                             "workloads": [w.__dict__ for w in workloads], "pairs": args.pairs})
     result["table"] = ratio_table(runs, workloads)
@@ -219,4 +219,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         f.write(markdown(result))
     print(markdown(result))
     print(f"wrote {args.output} and {md_path}", file=sys.stderr)
+    try:
+        from nextok.bench import plots
+
+        for path in plots.draw_compare(result, os.path.splitext(args.output)[0]):
+            print(f"wrote {path}", file=sys.stderr)
+    except ImportError as e:  # matplotlib is the bench extra; the table stands without plots
+        print(f"no plots: {e}", file=sys.stderr)
     return 0

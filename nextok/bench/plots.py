@@ -158,6 +158,27 @@ def draw_serve_results(paths: list[str], results: list[dict], prefix: str) -> li
             latency_cdf(ttft, prefix + "-ttft-cdf.png", "Time to first token", "TTFT (ms)")]
 
 
+def draw_compare(result: dict, prefix: str) -> list[str]:
+    """`nextok bench compare` results: per workload, TTFT and E2E CDFs of each server, with the
+    requests of all its runs pooled (the runs alternate, so slow periods hit both alike)."""
+    written = []
+    for w in result["workloads"]:
+        name = f"{w['dataset']} {w['input_len']}->{w['output_len']} c={w['concurrency']}"
+        slug = f"{w['dataset']}-{w['input_len']}-{w['output_len']}-c{w['concurrency']}"
+        ttft: dict[str, list[float]] = {}
+        e2e: dict[str, list[float]] = {}
+        for run in result["runs"]:
+            if run["workload"] != name:
+                continue
+            ok = [q for q in run["requests"] if q["ok"]]
+            ttft.setdefault(run["server"], []).extend(q["ttft"] * 1000 for q in ok)
+            e2e.setdefault(run["server"], []).extend(q["latency"] * 1000 for q in ok)
+        written.append(latency_cdf(ttft, f"{prefix}-{slug}-ttft-cdf.png", f"TTFT, {name}", "TTFT (ms)"))
+        written.append(latency_cdf(e2e, f"{prefix}-{slug}-e2e-cdf.png", f"End-to-end latency, {name}",
+                                   "E2E latency (ms)"))
+    return written
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("plot", help="PNG plots from saved ladder or serve results")
     _add_args(p)
@@ -181,7 +202,10 @@ def run(args) -> int:
     ladders = [r for r in results if r.get("benchmark") == "ladder"]
     for i, ladder in enumerate(ladders):
         written += draw_ladder(ladder, prefix if len(ladders) == 1 else f"{prefix}-{i}")
-    others = [(p, r) for p, r in zip(args.results, results) if r.get("benchmark") != "ladder"]
+    for path, r in zip(args.results, results):
+        if r.get("benchmark") == "compare":
+            written += draw_compare(r, os.path.join(os.path.dirname(prefix), os.path.splitext(os.path.basename(path))[0]))
+    others = [(p, r) for p, r in zip(args.results, results) if r.get("benchmark") not in ("ladder", "compare")]
     if others:
         written += draw_serve_results([p for p, _ in others], [r for _, r in others], prefix)
     print("\n".join(written))

@@ -39,6 +39,9 @@ def add_parser(sub) -> None:
     p.add_argument("--output", default=None, help="write the results as JSON here")
     p.add_argument("--save-requests", action="store_true", help="keep every request's figures in the JSON")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--server-pid", type=int, default=None,
+                   help="the server's process id, on this machine: its CPU time is then told apart "
+                        "from other processes' in the result")
     _keystroke_args(p)
     p.set_defaults(func=_cmd_serve)
 
@@ -61,6 +64,53 @@ def _keystroke_args(p: argparse.ArgumentParser) -> None:
     except ImportError:
         return
     keystroke.add_args(p)
+
+
+class CpuAccount:
+    """CPU seconds during a run: this client's, the server's (when its pid is known), all other
+    processes' (the machine's busy time minus those two) and the hypervisor's steal."""
+
+    def __init__(self, server_pid: int | None):
+        import psutil
+
+        try:
+            self.server = psutil.Process(server_pid) if server_pid else None
+        except psutil.Error as e:
+            raise ValueError(f"--server-pid {server_pid}: {e}") from None
+
+    def _server_cpu(self) -> float:
+        """The server tree's CPU seconds so far (the last reading, once the server is gone)."""
+        import psutil
+
+        if self.server is None:
+            return 0.0
+        try:
+            procs = [self.server, *self.server.children(recursive=True)]
+            self._last = sum(t.user + t.system for t in (p.cpu_times() for p in procs))
+        except psutil.Error:
+            pass
+        return getattr(self, "_last", 0.0)
+
+    def __enter__(self):
+        from nextok.bench.servers import machine_cpu_seconds, own_cpu_seconds
+
+        self._m0, self._s0 = machine_cpu_seconds()
+        self._own0, self._srv0 = own_cpu_seconds(), self._server_cpu()
+        return self
+
+    def __exit__(self, *exc):
+        from nextok.bench.servers import machine_cpu_seconds, own_cpu_seconds
+
+        m1, s1 = machine_cpu_seconds()
+        self.own, self.srv = own_cpu_seconds() - self._own0, self._server_cpu() - self._srv0
+        self.busy, self.steal = m1 - self._m0, s1 - self._s0
+        return False
+
+    def summary(self) -> dict:
+        other = max(0.0, self.busy - self.own - self.srv)
+        return {"client_cpu_s": round(self.own, 2), "steal_s": round(self.steal, 2),
+                **({"server_cpu_s": round(self.srv, 2), "other_processes_cpu_s": round(other, 2)}
+                   if self.server else {"server_and_other_processes_cpu_s": round(other, 2)})}
 
 
 def load_tokenizer(model: str | None):
@@ -116,7 +166,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         finally:
             await backend.aclose()
 
-    result = asyncio.run(main())
+    with CpuAccount(args.server_pid) as cpu:
+        result = asyncio.run(main())
+    result["cpu"] = cpu.summary()
     result = {**common.header({"base_url": args.base_url, "endpoint": endpoint, "dataset": args.dataset,
                                "request_rate": str(args.request_rate), "max_concurrency": args.max_concurrency}),
               **result}

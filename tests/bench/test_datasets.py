@@ -71,3 +71,17 @@ def test_compare_table_is_the_median_of_per_pair_ratios():
     assert (tput["ratio_min"], tput["ratio_max"], tput["pairs"]) == (pytest.approx(2.0), pytest.approx(3.0), 3)
     assert tput["nextok"] == 200 and tput["llama_cpp"] == 100  # medians of each side's runs
     assert table["TTFT P50 ms"]["ratio_median"] == pytest.approx(0.5)  # 0.25, 0.5, 1.0
+
+
+def test_compare_plots_are_pngs_per_workload_and_figure(tmp_path):
+    from nextok.bench import plots
+
+    w = {"dataset": "random", "input_len": 8, "output_len": 4, "concurrency": 2, "num_requests": 2}
+    reqs = [{"ok": True, "ttft": 0.1 * i, "latency": 0.5 * i} for i in (1, 2)] + [{"ok": False, "ttft": 0, "latency": 9}]
+    result = {"workloads": [w], "runs": [{"server": s, "workload": "random 8->4 c=2", "requests": reqs}
+                                         for s in ("nextok", "llama.cpp", "nextok", "llama.cpp")]}
+    paths = plots.draw_compare(result, str(tmp_path / "cmp"))
+    assert [p.rsplit("/", 1)[1] for p in paths] == ["cmp-random-8-4-c2-ttft-cdf.png", "cmp-random-8-4-c2-e2e-cdf.png"]
+    for p in paths:
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
