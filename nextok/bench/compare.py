@@ -146,7 +146,8 @@ def markdown(result: dict) -> str:
              f"Model: {os.path.basename(h['model'])}; both servers: {h['threads']} threads, "
              f"{h['parallel']} parallel slots; llama-server: `{' '.join(h['llama_argv'][3:])}`", "",
              "Ratio = median over pairs of (nextok / llama.cpp) for runs a minute apart; "
-             "for latencies lower is better, for throughputs higher.", "",
+             "for latencies lower is better, for throughputs higher. Every pair sends fresh prompts "
+             "(the same to both servers), so no run is served from a cache an earlier run filled.", "",
              "| workload | figure | nextok | llama.cpp | ratio (median) | range |",
              "|---|---|---:|---:|---:|---|"]
     for r in h["table"]:
@@ -179,8 +180,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         raise ValueError(f"compare needs a GGUF file both servers load, not {gguf!r}")
     binary = find_llama_server(args.llama_server)
     tok = load_tokenizer(gguf)
-    requests = {w.name: build_requests(w.dataset, tok, w.num_requests, w.input_len, w.output_len, args.seed)
-                for w in workloads}
+
+    def requests_of(w: Workload, pair: int):
+        # Fresh prompts for every pair (both servers of a pair get the same ones): a repeated
+        # prompt would be served from the prefix cache of nextok and llama-server alike.
+        return build_requests(w.dataset, tok, w.num_requests, w.input_len, w.output_len,
+                              args.seed * 1000 + pair)
+
     log_dir = tempfile.mkdtemp(prefix="nextok-compare-")
     mine = ServerUnderTest.nextok(gguf, args.threads, args.parallel, log_dir, shlex.split(args.nextok_args))
     peer = ServerUnderTest.llama_cpp(binary, gguf, args.threads, args.parallel, args.ctx_per_slot, log_dir,
@@ -190,14 +196,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         for s in (mine, peer):
             s.start()
         print(f"servers up (logs in {log_dir}); warming up", file=sys.stderr)
-        warm = build_requests("random", tok, 4, 32, 8, args.seed + 1)
+        warm = build_requests("random", tok, 4, 32, 8, args.seed * 1000 + 999)
         for s, other in ((mine, peer), (peer, mine)):
             _measure(s, other, Workload("random", 32, 8, 4, 4), warm, args.seed, 120)
         for pair in range(args.pairs):
             for w in workloads:
+                requests = requests_of(w, pair)
                 for s, other in ((mine, peer), (peer, mine)):
                     t = time.monotonic()
-                    run = _measure(s, other, w, requests[w.name], args.seed, args.time_limit)
+                    run = _measure(s, other, w, requests, args.seed, args.time_limit)
                     run["pair"] = pair
                     runs.append(run)
                     sm = run["summary"]
