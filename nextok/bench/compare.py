@@ -187,6 +187,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         return build_requests(w.dataset, tok, w.num_requests, w.input_len, w.output_len,
                               args.seed * 1000 + pair)
 
+    started = common.header()  # the commit and time the run starts from, not ends at
     log_dir = tempfile.mkdtemp(prefix="nextok-compare-")
     mine = ServerUnderTest.nextok(gguf, args.threads, args.parallel, log_dir, shlex.split(args.nextok_args))
     peer = ServerUnderTest.llama_cpp(binary, gguf, args.threads, args.parallel, args.ctx_per_slot, log_dir,
@@ -215,7 +216,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     finally:
         mine.stop()
         peer.stop()
-    result = common.header({"benchmark": "compare", "model": gguf, "threads": args.threads, "parallel": args.parallel,
+    result = started | ({"benchmark": "compare", "model": gguf, "threads": args.threads, "parallel": args.parallel,
                             "llama_server": binary, "llama_argv": peer.argv, "nextok_argv": mine.argv,
                             "workloads": [w.__dict__ for w in workloads], "pairs": args.pairs})
     result["table"] = ratio_table(runs, workloads)

@@ -296,6 +296,7 @@ def run(args) -> int:
     prompt_sets = editor_prompt_sets(load_tokenizer(model_path), len(rates) + 1, args.num_requests,
                                      args.prompts_per_file, min_len, max_len, args.seed)
     steps = [s for s in STEPS if s.key in keys]
+    started = common.header()  # the commit and time the run starts from, not ends at
     with tempfile.TemporaryDirectory(prefix="nextok-ladder-") as log_dir:
         rows = [run_step(s, args, model_path, prompt_sets, slo_ms, log_dir) for s in steps]
     workload = (f"code completion in an editor: {args.num_requests} requests per rate, prefixes of "
@@ -308,7 +309,7 @@ def run(args) -> int:
               "num_requests": args.num_requests, "prompts_per_file": args.prompts_per_file,
               "prompt_len": [min_len, max_len], "max_tokens": args.max_tokens, "seed": args.seed,
               "workload_description": workload}
-    result = common.header({"benchmark": "ladder", "config": config, "rows": rows})
+    result = started | {"benchmark": "ladder", "config": config, "rows": rows}
     write_outputs(result, args)
     return 0 if all(r["status"] != "failed" for r in rows) else 1
 

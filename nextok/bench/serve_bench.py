@@ -166,10 +166,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         finally:
             await backend.aclose()
 
+    started = common.header()  # the commit and time the run starts from, not ends at
     with CpuAccount(args.server_pid) as cpu:
         result = asyncio.run(main())
     result["cpu"] = cpu.summary()
-    result = {**common.header({"base_url": args.base_url, "endpoint": endpoint, "dataset": args.dataset,
+    result = {**started, **({"base_url": args.base_url, "endpoint": endpoint, "dataset": args.dataset,
                                "request_rate": str(args.request_rate), "max_concurrency": args.max_concurrency}),
               **result}
     if args.dataset == "keystroke":
