@@ -83,6 +83,9 @@ def add_parser(sub) -> None:
     p.add_argument("--output-dir", default="benchmarks/results")
     p.add_argument("--name", default=None, help="file name prefix (default: DATE-ladder)")
     p.add_argument("--no-plots", dest="plots", action="store_false")
+    p.add_argument("--from-result", default=None, metavar="JSON",
+                   help="run nothing: report a saved ladder again under --slo-p99-e2e (an SLO up to "
+                        "stop-factor x the one it ran with, whose sweeps then hold every rate needed)")
     p.set_defaults(func=run)
     from nextok.bench import plots
 
@@ -286,6 +289,8 @@ def run(args) -> int:
     from nextok.bench.serve_bench import load_tokenizer
 
     slo_ms = parse_slo(f"e2e={args.slo_p99_e2e}")["e2e"] * 1000
+    if args.from_result:
+        return rereport(args, slo_ms)
     rates = parse_rates(args.rates)
     keys = [k.strip() for k in args.rows.split(",") if k.strip()]
     unknown = sorted(set(keys) - set(STEP_KEYS))
@@ -312,6 +317,32 @@ def run(args) -> int:
     result = started | {"benchmark": "ladder", "config": config, "rows": rows}
     write_outputs(result, args)
     return 0 if all(r["status"] != "failed" for r in rows) else 1
+
+
+def rereport(args, slo_ms: float) -> int:
+    """A saved ladder's rows recomputed for another SLO, from the same measured sweeps.
+
+    A row's sweep stopped at the first rate whose P99 exceeded stop_factor x the run's SLO, so
+    for any SLO up to that bound every rate that could meet it was measured."""
+    import json
+
+    with open(args.from_result) as f:
+        result = json.load(f)
+    cfg = result["config"]
+    bound = cfg["stop_factor"] * cfg["slo_p99_e2e_ms"]
+    if slo_ms > bound:
+        raise ValueError(f"the sweeps of {args.from_result} stopped above {bound:.0f} ms; "
+                         f"an SLO of {slo_ms:.0f} ms needs rates they did not measure")
+    for row in result["rows"]:
+        if row.get("status") == "measured":
+            row["operating_point"] = ladder_report.operating_point(row["sweep"], slo_ms, cfg["usd_per_hour"])
+    result["config"] = {**cfg, "slo_p99_e2e_ms": slo_ms, "measured_with_slo_p99_e2e_ms": cfg["slo_p99_e2e_ms"]}
+    result["rereported_from"] = args.from_result
+    args.name = args.name or os.path.splitext(os.path.basename(args.from_result))[0] + f"-slo{slo_ms / 1000:g}s"
+    args.output_dir = os.path.dirname(os.path.abspath(args.from_result)) if args.output_dir == "benchmarks/results" \
+        else args.output_dir
+    write_outputs(result, args)
+    return 0
 
 
 def write_outputs(result: dict, args) -> None:

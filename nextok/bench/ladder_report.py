@@ -100,6 +100,9 @@ def format_markdown(result: dict) -> str:
              f"- workload: {cfg['workload_description']}",
              f"- SLO: P99 E2E ≤ {cfg['slo_p99_e2e_ms']:.0f} ms; rates swept {cfg['rates']} req/s (Poisson, "
              f"seed {cfg['seed']}); cost at ${cfg['usd_per_hour']}/hour",
+             *([f"- reported again from `{result['rereported_from']}` (measured with an SLO of "
+                f"{cfg['measured_with_slo_p99_e2e_ms']:.0f} ms; each row's sweep ran until P99 passed "
+                f"{cfg['stop_factor']:g}x that)"] if result.get("rereported_from") else []),
              f"- command: `{result['command']}`", "", format_table(result["rows"]), ""]
     if any(r.get("operating_point") and not r["operating_point"]["met_slo"] for r in result["rows"]):
         lines += ["† no swept rate met the SLO: figures at the lowest rate.", ""]

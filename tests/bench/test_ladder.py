@@ -261,3 +261,27 @@ def test_hf_server_serves_one_request_at_a_time_to_the_bench_client(hf_app, toke
     results, _ = asyncio.run(go())
     assert [(r.ok, r.output_len, r.prompt_len) for r in results] == [(True, 5, len(p)) for p in prompts]
     assert app.state.generator.max_active == 1
+
+
+def test_a_saved_ladder_is_reported_again_under_a_looser_slo(tmp_path):
+    import argparse
+
+    from nextok.bench import ladder
+
+    saved = ladder_result()
+    saved["config"]["stop_factor"] = 4.0  # sweeps ran until P99 > 4 x SLO_MS
+    path = tmp_path / "2026-12-03-ladder.json"
+    path.write_text(json.dumps(saved))
+    args = argparse.Namespace(from_result=str(path), name=None, output_dir="benchmarks/results", plots=False,
+                              slo_p99_e2e=f"{SLO_MS * 3}ms")
+    assert ladder.run(args) == 0
+    again = json.loads((tmp_path / f"2026-12-03-ladder-slo{SLO_MS * 3 / 1000:g}s.json").read_text())
+    rows = {r["key"]: r for r in again["rows"]}
+    # 9000 ms now meets 3 x SLO_MS for the one-at-a-time row; the chunked row keeps its best rate
+    assert rows["transformers"]["operating_point"]["qps_at_slo"] == (0.25 if 9000 <= SLO_MS * 3 else None)
+    assert rows["chunked"]["operating_point"]["qps_at_slo"] == 1.0
+    assert again["config"]["measured_with_slo_p99_e2e_ms"] == SLO_MS
+    assert "reported again from" in (tmp_path / f"2026-12-03-ladder-slo{SLO_MS * 3 / 1000:g}s.md").read_text()
+    args.slo_p99_e2e = f"{SLO_MS * 5}ms"  # beyond what the sweeps measured
+    with pytest.raises(ValueError, match="did not measure"):
+        ladder.run(args)
