@@ -1,0 +1,71 @@
+"""CPU linear layers on weights kept in their GGUF blocks (Q4_1, Q8_0), through csrc/gguf_matmul.c.
+
+Groundwork for packed GGUF inference (issue 7): a decode step at small batch streams every weight
+once, and float32 weights are 6x (Q4_1) or 3.8x (Q8_0) the bytes of the blocks. The kernel
+dequantizes each block in registers, exactly as the loader does (the same float32 weights, bit for
+bit), and multiplies it into up to 8 rows of activations at a time. Not yet wired into the model:
+that choice (packed for decode, oneDNN for prefill) comes with issue 7.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from nextok.kernels import cpu_build
+
+BLOCK_BYTES = {3: 20, 8: 34}  # ggml type id -> bytes per 32-weight block (Q4_1, Q8_0)
+MAX_ROWS = 8  # rows of x per kernel call (the accumulators stay in registers)
+_fn = None
+
+
+def load_gguf_matmul():
+    """The kernel's entry point, or None where it cannot be built."""
+    global _fn
+    if _fn is None:
+        lib = cpu_build.load("gguf_matmul")
+        if lib is None:
+            return None
+        fn = lib.gguf_matmul_f32
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+        _fn = fn
+    return _fn
+
+
+class GGUFBlockLinear:
+    """y = x @ W.T + b, W [out, in] held as its GGUF blocks: blocks [out, in / 32 * bytes] uint8."""
+
+    def __init__(self, blocks: np.ndarray | torch.Tensor, type_id: int, out_features: int,
+                 in_features: int, bias: torch.Tensor | None = None):
+        if type_id not in BLOCK_BYTES:
+            raise ValueError(f"ggml type {type_id} has no block kernel (Q4_1 = 3, Q8_0 = 8)")
+        if in_features % 32:
+            raise ValueError(f"in_features {in_features} is not a multiple of the 32-weight block")
+        raw = (blocks.to(torch.uint8) if isinstance(blocks, torch.Tensor)
+               else torch.from_numpy(np.array(blocks, dtype=np.uint8)))  # a copy: ours to keep
+        want = out_features * in_features // 32 * BLOCK_BYTES[type_id]
+        if raw.numel() != want:
+            raise ValueError(f"{raw.numel()} bytes of blocks, {want} expected for [{out_features}, {in_features}]")
+        self.blocks = raw.reshape(out_features, -1).contiguous()
+        self.type_id, self.out_features, self.in_features = type_id, out_features, in_features
+        self.bias = bias
+        self.fn = load_gguf_matmul()
+        if self.fn is None:
+            raise RuntimeError("the gguf_matmul kernel could not be built (no C compiler?)")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, in] float32 -> [T, out] float32, 8 rows per kernel call."""
+        x = x.contiguous()
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"x must be float32 [T, {self.in_features}], not {x.dtype} {list(x.shape)}")
+        y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        for start in range(0, x.shape[0], MAX_ROWS):
+            rows = min(MAX_ROWS, x.shape[0] - start)
+            rc = self.fn(x[start].data_ptr(), rows, self.in_features, self.blocks.data_ptr(), self.type_id,
+                         self.out_features, y[start].data_ptr(), torch.get_num_threads())
+            if rc != 0:
+                raise RuntimeError("gguf_matmul_f32 refused its arguments")
+        return y if self.bias is None else y + self.bias
