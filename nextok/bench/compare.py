@@ -24,7 +24,7 @@ from nextok.bench import common
 from nextok.bench.load import HttpBackend, run_load
 from nextok.bench.serve_bench import build_requests, load_tokenizer
 from nextok.bench.serve_metrics import summarize
-from nextok.bench.servers import ServerUnderTest, find_llama_server, machine_cpu_seconds, own_cpu_seconds
+from nextok.bench.servers import CpuAccount, ServerUnderTest, find_llama_server
 
 # (summary key, stat or None, label, higher is better)
 FIGURES = [
@@ -97,19 +97,10 @@ def _measure(server: ServerUnderTest, idle: ServerUnderTest, workload: Workload,
         finally:
             await backend.aclose()
 
-    busy0, steal0 = machine_cpu_seconds()
-    srv0, idle0, own0 = server.cpu_seconds(), idle.cpu_seconds(), own_cpu_seconds()
-    results, duration = asyncio.run(go())
-    busy1, steal1 = machine_cpu_seconds()
-    srv, idl, own = server.cpu_seconds() - srv0, idle.cpu_seconds() - idle0, own_cpu_seconds() - own0
-    return {
-        "server": server.name, "workload": workload.name,
-        "summary": summarize(results, duration),
-        "server_cpu_s": round(srv, 2), "client_cpu_s": round(own, 2), "idle_peer_cpu_s": round(idl, 2),
-        "other_processes_cpu_s": round(max(0.0, (busy1 - busy0) - srv - own - idl), 2),
-        "steal_s": round(steal1 - steal0, 2),
-        "requests": [r.to_json() for r in results],
-    }
+    with CpuAccount(server=server.cpu_seconds, idle_peer=idle.cpu_seconds) as cpu:
+        results, duration = asyncio.run(go())
+    return {"server": server.name, "workload": workload.name, "summary": summarize(results, duration),
+            **cpu.summary(), "requests": [r.to_json() for r in results]}
 
 
 def figure(summary: dict, key: str, stat: str | None) -> float | None:

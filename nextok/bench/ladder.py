@@ -172,26 +172,21 @@ class ServingMeter:
 
     def __enter__(self):
         """Loading is over: from here on it is serving."""
-        from nextok.bench.servers import machine_cpu_seconds, own_cpu_seconds
+        from nextok.bench.servers import CpuAccount
 
         with self._lock:
             self.peak_startup_rss, self.peak_rss = self.peak_rss, self.server.rss_bytes()
         self._t0 = time.perf_counter()
-        self._cpu0 = (machine_cpu_seconds(), self.server.cpu_seconds(), own_cpu_seconds())
+        self._cpu = CpuAccount(server=self.server.cpu_seconds).__enter__()
         return self
 
     def __exit__(self, *exc):
-        from nextok.bench.servers import machine_cpu_seconds, own_cpu_seconds
-
-        (machine0, steal0), server0, own0 = self._cpu0
-        (machine1, steal1), server1, own1 = machine_cpu_seconds(), self.server.cpu_seconds(), own_cpu_seconds()
+        self._cpu.__exit__(*exc)
         self.close()
-        other = (machine1 - machine0) - (server1 - server0) - (own1 - own0)
         self.figures = {"sweep_s": round(time.perf_counter() - self._t0, 2),
                         "peak_rss_mib": round(self.peak_rss / 2**20, 1),
                         "peak_rss_startup_mib": round(self.peak_startup_rss / 2**20, 1),
-                        "server_cpu_s": round(server1 - server0, 2), "client_cpu_s": round(own1 - own0, 2),
-                        "other_processes_cpu_s": round(max(0.0, other), 2), "steal_s": round(steal1 - steal0, 2)}
+                        **self._cpu.summary()}
         return False
 
     def close(self) -> None:

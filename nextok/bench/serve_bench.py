@@ -66,51 +66,35 @@ def _keystroke_args(p: argparse.ArgumentParser) -> None:
     keystroke.add_args(p)
 
 
-class CpuAccount:
-    """CPU seconds during a run: this client's, the server's (when its pid is known), all other
-    processes' (the machine's busy time minus those two) and the hypervisor's steal."""
+def cpu_account(server_pid: int | None):
+    """The run's CPU accounting; with the server's pid, its CPU time is told from other processes'
+    (without, the server's time is inside "other", and the key says so)."""
+    import psutil
 
-    def __init__(self, server_pid: int | None):
-        import psutil
+    from nextok.bench.servers import CpuAccount, tree_cpu_seconds
 
+    if not server_pid:
+        return CpuAccount()
+    try:
+        server = psutil.Process(server_pid)
+    except psutil.Error as e:
+        raise ValueError(f"--server-pid {server_pid}: {e}") from None
+    last = [0.0]
+
+    def server_cpu() -> float:  # the last reading, once the server is gone
         try:
-            self.server = psutil.Process(server_pid) if server_pid else None
-        except psutil.Error as e:
-            raise ValueError(f"--server-pid {server_pid}: {e}") from None
-
-    def _server_cpu(self) -> float:
-        """The server tree's CPU seconds so far (the last reading, once the server is gone)."""
-        import psutil
-
-        if self.server is None:
-            return 0.0
-        try:
-            procs = [self.server, *self.server.children(recursive=True)]
-            self._last = sum(t.user + t.system for t in (p.cpu_times() for p in procs))
+            last[0] = tree_cpu_seconds(server)
         except psutil.Error:
             pass
-        return getattr(self, "_last", 0.0)
+        return last[0]
+    return CpuAccount(server=server_cpu)
 
-    def __enter__(self):
-        from nextok.bench.servers import machine_cpu_seconds, own_cpu_seconds
 
-        self._m0, self._s0 = machine_cpu_seconds()
-        self._own0, self._srv0 = own_cpu_seconds(), self._server_cpu()
-        return self
-
-    def __exit__(self, *exc):
-        from nextok.bench.servers import machine_cpu_seconds, own_cpu_seconds
-
-        m1, s1 = machine_cpu_seconds()
-        self.own, self.srv = own_cpu_seconds() - self._own0, self._server_cpu() - self._srv0
-        self.busy, self.steal = m1 - self._m0, s1 - self._s0
-        return False
-
-    def summary(self) -> dict:
-        other = max(0.0, self.busy - self.own - self.srv)
-        return {"client_cpu_s": round(self.own, 2), "steal_s": round(self.steal, 2),
-                **({"server_cpu_s": round(self.srv, 2), "other_processes_cpu_s": round(other, 2)}
-                   if self.server else {"server_and_other_processes_cpu_s": round(other, 2)})}
+def cpu_summary(cpu, server_pid: int | None) -> dict:
+    s = cpu.summary()
+    if not server_pid:
+        s["server_and_other_processes_cpu_s"] = s.pop("other_processes_cpu_s")
+    return s
 
 
 def load_tokenizer(model: str | None):
@@ -167,9 +151,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             await backend.aclose()
 
     started = common.header()  # the commit and time the run starts from, not ends at
-    with CpuAccount(args.server_pid) as cpu:
+    with cpu_account(args.server_pid) as cpu:
         result = asyncio.run(main())
-    result["cpu"] = cpu.summary()
+    result["cpu"] = cpu_summary(cpu, args.server_pid)
     result = {**started, **({"base_url": args.base_url, "endpoint": endpoint, "dataset": args.dataset,
                                "request_rate": str(args.request_rate), "max_concurrency": args.max_concurrency}),
               **result}

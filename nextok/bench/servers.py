@@ -88,15 +88,7 @@ class ServerUnderTest:
     def cpu_seconds(self) -> float:
         """User + system CPU time of the server and its children so far."""
         try:
-            root = psutil.Process(self.proc.pid)
-            total = 0.0
-            for p in [root, *root.children(recursive=True)]:
-                try:
-                    t = p.cpu_times()
-                    total += t.user + t.system
-                except psutil.NoSuchProcess:
-                    pass
-            return total
+            return tree_cpu_seconds(psutil.Process(self.proc.pid))
         except (psutil.NoSuchProcess, AttributeError):
             return 0.0
 
@@ -118,6 +110,52 @@ class ServerUnderTest:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self._log.close()
+
+
+def tree_cpu_seconds(root: psutil.Process) -> float:
+    """User + system CPU seconds of a process and its children so far (children that end meanwhile
+    are skipped). Raises psutil.NoSuchProcess when the root itself is gone."""
+    total = 0.0
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            if p is root:
+                raise
+    return total
+
+
+class CpuAccount:
+    """CPU seconds spent over a `with` block: this client's, each named process's (a reader
+    returning its CPU seconds so far), all other processes' (the machine's busy time minus those)
+    and the hypervisor's steal. A shared machine's slow periods must show in a result.
+
+        with CpuAccount(server=srv.cpu_seconds) as cpu: ...
+        cpu.summary() -> {"client_cpu_s", "server_cpu_s", "other_processes_cpu_s", "steal_s"}
+    """
+
+    def __init__(self, **readers):
+        self.readers = readers
+
+    def __enter__(self):
+        self._busy0, self._steal0 = machine_cpu_seconds()
+        self._own0 = own_cpu_seconds()
+        self._procs0 = {name: read() for name, read in self.readers.items()}
+        return self
+
+    def __exit__(self, *exc):
+        busy1, steal1 = machine_cpu_seconds()
+        self.client = own_cpu_seconds() - self._own0
+        self.procs = {name: read() - self._procs0[name] for name, read in self.readers.items()}
+        self.steal = steal1 - self._steal0
+        self.other = max(0.0, (busy1 - self._busy0) - self.client - sum(self.procs.values()))
+        return False
+
+    def summary(self) -> dict:
+        return {"client_cpu_s": round(self.client, 2),
+                **{f"{name}_cpu_s": round(v, 2) for name, v in self.procs.items()},
+                "other_processes_cpu_s": round(self.other, 2), "steal_s": round(self.steal, 2)}
 
 
 def machine_cpu_seconds() -> tuple[float, float]:
