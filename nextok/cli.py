@@ -35,6 +35,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-threads", type=int, default=None, help="CPU threads (default: torch's)")
     g.add_argument("--no-cpu-kernels", dest="cpu_kernels", action="store_false",
                    help="CPU: plain torch ops instead of oneDNN packed linears and the C decode kernel")
+    g.add_argument("--no-gguf-blocks", dest="gguf_blocks", action="store_false",
+                   help="CPU: keep GGUF weights only dequantized to float32 (default: decode steps "
+                        "read Q4_1/Q8_0 weights as their blocks)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -100,3 +100,6 @@ class EngineConfig:
     # CPU: oneDNN packed linears and the C paged-decode kernel; False = plain torch ops (the
     # reference path, and an ablation for benchmarks).
     cpu_kernels: bool = True
+    # CPU float32 on a GGUF file: decode-sized steps read Q4_1/Q8_0 weights as their blocks
+    # (kernels/cpu_gguf_linear.py); False = the dequantized float32 weights only.
+    gguf_blocks: bool = True

@@ -40,6 +40,7 @@ class EngineArgs:
     seed: int = 0
     num_threads: int | None = None
     cpu_kernels: bool = True
+    gguf_blocks: bool = True
     download: bool = True
 
 
@@ -77,9 +78,9 @@ def create_engine(args: EngineArgs):
                           args.num_kv_blocks, args.enable_prefix_caching),
         scheduler=SchedulerConfig(args.max_num_seqs, batched, args.enable_chunked_prefill, max_len),
         device=device, dtype=dtype, load_format=ckpt.format, seed=args.seed,
-        num_threads=args.num_threads, cpu_kernels=args.cpu_kernels)
+        num_threads=args.num_threads, cpu_kernels=args.cpu_kernels, gguf_blocks=args.gguf_blocks)
     weights = None if ckpt.format == "dummy" else ckpt.weights()
-    runner = ModelRunner(config, weights, max_len)
+    runner = ModelRunner(config, weights, max_len, ckpt.blocks)
     num_blocks = _num_blocks(config, runner)
     runner.allocate_kv_cache(num_blocks)
     # A sequence must fit in the pool (block 0 is reserved), or preemption could never help it.

@@ -3,8 +3,9 @@
 Groundwork for packed GGUF inference (issue 7): a decode step at small batch streams every weight
 once, and float32 weights are 6x (Q4_1) or 3.8x (Q8_0) the bytes of the blocks. The kernel
 dequantizes each block in registers, exactly as the loader does (the same float32 weights, bit for
-bit), and multiplies it into up to 8 rows of activations at a time. Not yet wired into the model:
-that choice (packed for decode, oneDNN for prefill) comes with issue 7.
+bit), and multiplies it into up to 8 rows of activations at a time. `BlockOrDenseLinear` puts it
+in the model: blocks for decode-sized steps (weight-read bound), the float32 layer for prefill
+(compute bound, where oneDNN's packed GEMM is faster than dequantizing every block per row group).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import ctypes
 
 import numpy as np
 import torch
+from torch import nn
 
 from nextok.kernels import cpu_build
 
@@ -69,3 +71,28 @@ class GGUFBlockLinear:
             if rc != 0:
                 raise RuntimeError("gguf_matmul_f32 refused its arguments")
         return y if self.bias is None else y + self.bias
+
+
+class BlockOrDenseLinear(nn.Module):
+    """One linear layer held twice: as GGUF blocks for steps of at most `max_rows` rows, and as its
+    float32 layer (`dense`, e.g. a PackedLinear) for bigger ones. x: [T, in] -> [T, out].
+
+    Measured over all the default model's matrices (2-core AVX2, ms): blocks 18 / 26 / 36 at
+    1 / 4 / 8 rows, oneDNN float32 57 / 68 / 71; beyond 8 rows the blocks would be dequantized
+    again for every 8, so the dense layer takes over."""
+
+    def __init__(self, dense: nn.Module, blocks: GGUFBlockLinear, max_rows: int = MAX_ROWS):
+        super().__init__()
+        if (blocks.out_features, blocks.in_features) != (dense.out_features, dense.in_features):
+            raise ValueError(f"blocks [{blocks.out_features}, {blocks.in_features}] do not match the "
+                             f"layer [{dense.out_features}, {dense.in_features}]")
+        self.dense, self.blocks, self.max_rows = dense, blocks, max_rows
+        self.in_features, self.out_features = dense.in_features, dense.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= self.max_rows and x.dtype == torch.float32:
+            return self.blocks(x)
+        return self.dense(x)
+
+    def extra_repr(self) -> str:
+        return f"type={self.blocks.type_id}, blocks up to {self.max_rows} rows"

@@ -218,6 +218,24 @@ class GGUFFile:
         heads["attn_k"] = int(self._key("attention.head_count_kv", heads["attn_q"]))
         return self._iter([(i, n) for i, n in names if n], heads if permuted else {})
 
+    def blocks(self, type_ids: tuple[int, ...]) -> Iterator[tuple[str, int, torch.Tensor]]:
+        """(HF name, ggml type, raw blocks [rows, row bytes] uint8) of the 2-D tensors stored in
+        one of `type_ids`, rows in HF order (a Q/K row permutation moves whole rows of blocks)."""
+        _, permuted = self._arch()
+        heads = {"attn_q": int(self._key("attention.head_count", required=True))}
+        heads["attn_k"] = int(self._key("attention.head_count_kv", heads["attn_q"]))
+        todo = [(info, self.hf_name(name)) for name, info in self.tensor_infos.items()
+                if info.type_id in type_ids and len(info.shape) == 2]
+        with open(self.path, "rb") as f:
+            for info, hf_name in todo:
+                if hf_name is None:
+                    continue
+                raw = torch.from_numpy(self._read(info, f)).view(info.shape[0], -1)
+                kind = info.name.split(".")[2] if info.name.startswith("blk.") else ""
+                if permuted and kind in heads:
+                    raw = unpermute_rows(raw, heads[kind])
+                yield hf_name, info.type_id, raw
+
     def _iter(self, todo: list, heads: dict[str, int]) -> Iterator[tuple[str, torch.Tensor]]:
         with open(self.path, "rb") as f:
             for info, hf_name in todo:
@@ -232,6 +250,10 @@ class GGUFFile:
 
     def _load(self, info: TensorInfo, f=None) -> torch.Tensor:
         """One tensor -> float32 [info.shape]; `f`: an open handle to reuse."""
+        return dequantize(self._read(info, f), info.type_id, math.prod(info.shape)).view(info.shape)
+
+    def _read(self, info: TensorInfo, f=None) -> np.ndarray:
+        """One tensor's bytes as stored: [info.nbytes] uint8."""
         raw = np.empty(info.nbytes, dtype=np.uint8)
         try:
             if f is None:
@@ -245,7 +267,7 @@ class GGUFFile:
             raise ModelLoadError(f"cannot read {self.path}: {e.strerror or e}") from None
         if got != info.nbytes:  # the file shrank after it was opened
             raise ModelLoadError(f"{self.path} is truncated: tensor {info.name} is incomplete")
-        return dequantize(raw, info.type_id, math.prod(info.shape)).view(info.shape)
+        return raw
 
 
 def unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:

@@ -14,12 +14,26 @@ from nextok.errors import ModelLoadError
 
 
 class RMSNorm(nn.Module):
+    """rms_norm(x) * weight; given the residual stream too, it first adds x into it (as vLLM's
+    layers do, so the add and the norm can be one kernel) and returns (normed, new residual)."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
         self.eps = eps
+        self.fused = None  # kernels/cpu_fused.py's ops, set for float32 CPU by pack_for_cpu
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        # x, residual: [T, hidden]
+        if self.fused is not None:
+            out, residual_out = self.fused.add_rms_norm(x, residual, self.weight, self.eps)
+            return out if residual is None else (out, residual_out)
+        if residual is None:
+            return self._norm(x)
+        residual = x + residual
+        return self._norm(residual), residual
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # torch's fused rms_norm (one pass instead of six ops: 2.4x faster at 2048 tokens on CPU).
         # Below float32 the statistics are taken in float32 and the weight applied after the
         # cast back, exactly as the reference implementations do.
@@ -97,8 +111,11 @@ class SwiGLU(nn.Module):
         self.intermediate = intermediate
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.fused = None  # kernels/cpu_fused.py's ops, set for float32 CPU by pack_for_cpu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2 * I]
+        if self.fused is not None:
+            return self.down_proj(self.fused.silu_mul(gate_up))
         gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(nn.functional.silu(gate) * up)

@@ -29,14 +29,20 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.fused = None  # kernels/cpu_fused.py's ops, set for float32 CPU by pack_for_cpu
 
     def forward(self, x, rope_cos_sin, kv_cache, meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
         # x: [T, hidden]; rope_cos_sin: ([T, 1, D/2], [T, 1, D/2]) for this step's positions
         t = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
-        qk = qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
-        qk = RotaryEmbedding.rotate(qk, *rope_cos_sin)  # q and k heads in one pass
+        if self.fused is not None:  # rotates the q and k heads inside qkv, in place
+            cos, sin = rope_cos_sin
+            self.fused.rope_neox(qkv, self.num_heads + self.num_kv_heads, self.head_dim, cos, sin)
+            qk = qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+        else:
+            qk = qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+            qk = RotaryEmbedding.rotate(qk, *rope_cos_sin)  # q and k heads in one pass
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
         out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
@@ -51,9 +57,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x, rope_cos_sin, kv_cache, meta, backend):
-        x = x + self.self_attn(self.input_layernorm(x), rope_cos_sin, kv_cache, meta, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, rope_cos_sin, kv_cache, meta, backend):
+        # x: [T, hidden], the previous layer's MLP output; residual: the stream it adds into
+        # (None at the first layer, where x is the embedding). Returns (mlp out, residual).
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, rope_cos_sin, kv_cache, meta, backend)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -76,9 +90,10 @@ class LlamaForCausalLM(nn.Module):
         # input_ids, positions: [T] -> hidden states [T, hidden]
         x = self.embed_tokens(input_ids)
         rope_cos_sin = self.rope.table(positions, x.dtype)  # shared by every layer
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, rope_cos_sin, kv_cache, meta, self.backend)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope_cos_sin, kv_cache, meta, self.backend)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [S, hidden] (only the rows that sample) -> [S, vocab]
@@ -95,7 +110,49 @@ class LlamaForCausalLM(nn.Module):
             # The embedding keeps its plain weight for lookups; the packed copy is the lm_head.
             self.lm_head = PackedLinear(self.embed_tokens.weight, None)
             num += 1
+        if dtype == torch.float32:
+            from nextok.kernels.cpu_fused import load_fused_ops
+
+            ops = load_fused_ops()
+            for module in self.modules():
+                if hasattr(module, "fused"):
+                    module.fused = ops
         return num
+
+    def use_gguf_blocks(self, blocks: Iterable[tuple[str, int, torch.Tensor]]) -> int:
+        """After pack_for_cpu, on float32: every linear whose weights (all shards of a fused one)
+        come as GGUF blocks of one type also keeps them, and reads them for decode-sized steps.
+        blocks: (HF name, ggml type, raw [rows, row bytes]). Returns how many layers took them."""
+        from nextok.kernels.cpu_gguf_linear import BlockOrDenseLinear, GGUFBlockLinear
+
+        shards: dict[str, dict[int, tuple[int, torch.Tensor]]] = {}
+        for hf_name, type_id, raw in blocks:
+            name = hf_name.removeprefix("model.")
+            if name == "embed_tokens.weight":  # lookups keep the float32 table
+                if not self.config.tie_word_embeddings:
+                    continue
+                name = "lm_head.weight"  # the tied lm_head reads the embedding's blocks
+            elif name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            target, shard = self._target(name)
+            if target.endswith(".weight"):
+                shards.setdefault(target.removesuffix(".weight"), {})[shard or 0] = (type_id, raw)
+        swapped = 0
+        for module_name, parts in shards.items():
+            want = 3 if module_name.endswith("qkv_proj") else 2 if module_name.endswith("gate_up_proj") else 1
+            types = {type_id for type_id, _ in parts.values()}
+            dense = self.get_submodule(module_name) if module_name != "lm_head" else self.lm_head
+            if len(parts) != want or len(types) != 1 or dense is None:
+                continue  # e.g. Q4_K_M files mix types within a fused matrix: stays dense
+            raw = torch.cat([parts[i][1] for i in range(want)])  # shards stacked in output rows
+            bias = getattr(dense, "bias", None)
+            layer = GGUFBlockLinear(raw, types.pop(), dense.out_features, dense.in_features,
+                                    bias=None if bias is None else bias.detach())
+            parent_name, _, attr = module_name.rpartition(".")
+            parent = self.get_submodule(parent_name) if parent_name else self
+            setattr(parent, attr, BlockOrDenseLinear(dense, layer))
+            swapped += 1
+        return swapped
 
     # ---- weights ---------------------------------------------------------------------------
     # HF name suffix -> (our parameter suffix, shard index within the fused matrix)
@@ -103,6 +160,14 @@ class LlamaForCausalLM(nn.Module):
         "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
     }
+
+    def _target(self, name: str) -> tuple[str, int | None]:
+        """Checkpoint name (no "model." prefix) -> (our parameter name, shard in a fused matrix)."""
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in self._FUSED:
+            fused, shard = self._FUSED[parts[-2]]
+            return ".".join(parts[:-2] + [fused, parts[-1]]), shard
+        return name, None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
@@ -113,11 +178,7 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied: some checkpoints store the copy anyway
-            target, shard = name, None
-            parts = name.split(".")
-            if len(parts) >= 2 and parts[-2] in self._FUSED:
-                fused, shard = self._FUSED[parts[-2]]
-                target = ".".join(parts[:-2] + [fused, parts[-1]])
+            target, shard = self._target(name)
             param = params.get(target)
             if param is None:
                 raise ModelLoadError(f"checkpoint tensor {hf_name!r} has no place in the model")

@@ -29,6 +29,8 @@ class Checkpoint:
     hf_config: dict  # config.json form; ModelConfig.from_hf_dict consumes it
     _weights: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = field(
         default=None, repr=False)
+    _blocks: Callable[[tuple[int, ...]], Iterator[tuple[str, int, torch.Tensor]]] | None = field(
+        default=None, repr=False)
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, tensor), one at a time. GGUF: float32, dequantized; safetensors: the
@@ -36,6 +38,11 @@ class Checkpoint:
         if self._weights is None:
             raise ModelLoadError(f"a {self.format} checkpoint has no weights to load")
         return self._weights()
+
+    def blocks(self, type_ids: tuple[int, ...]) -> Iterator[tuple[str, int, torch.Tensor]]:
+        """GGUF only: (HF name, ggml type, raw blocks [rows, row bytes]) of the tensors stored
+        in one of `type_ids`, for kernels that read the blocks themselves; else nothing."""
+        return iter(()) if self._blocks is None else self._blocks(type_ids)
 
 
 def load_checkpoint(path: str, load_format: str = "auto") -> Checkpoint:
@@ -111,7 +118,7 @@ def _load_gguf(path: str) -> Checkpoint:
     gguf = GGUFFile(path)
     cfg = gguf.hf_config()
     gguf.tensors()  # checks every tensor name maps before any weight is read
-    return Checkpoint(path, "gguf", cfg, gguf.tensors)
+    return Checkpoint(path, "gguf", cfg, gguf.tensors, gguf.blocks)
 
 
 # ---- Hugging Face directory --------------------------------------------------------------------

@@ -32,7 +32,9 @@ class ModelOutput:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, weights, max_model_len: int):
+    def __init__(self, config: EngineConfig, weights, max_model_len: int, blocks=None):
+        """weights: (name, tensor) iterator, None for dummy weights; blocks: a checkpoint's
+        `blocks(type_ids)` to keep GGUF weights as blocks for decode on CPU (None: never)."""
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = DTYPES[config.dtype]
@@ -48,11 +50,22 @@ class ModelRunner:
             model.load_weights(weights)
         if self.device.type == "cpu" and config.cpu_kernels:
             model.pack_for_cpu(self.dtype)
+            if blocks is not None and weights is not None and self._gguf_blocks_apply():
+                from nextok.kernels.cpu_gguf_linear import BLOCK_BYTES
+
+                model.use_gguf_blocks(blocks(tuple(BLOCK_BYTES)))
         self.model = model.eval()
         self.sampler = Sampler()
         self.generators: dict[int, torch.Generator] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = config.cache.block_size
+
+    def _gguf_blocks_apply(self) -> bool:
+        if self.dtype != torch.float32 or not self.config.gguf_blocks:
+            return False
+        from nextok.kernels.cpu_gguf_linear import load_gguf_matmul
+
+        return load_gguf_matmul() is not None
 
     def _cpu_decode_kernel(self):
         if self.device.type != "cpu" or self.dtype != torch.float32 or not self.config.cpu_kernels:

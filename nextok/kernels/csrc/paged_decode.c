@@ -79,40 +79,41 @@ static float exp_sub_sum(float *s, int64_t n, float m) {
     return sum;
 }
 
-/* One sequence, all heads: each token's K and V rows (KVH * D floats, contiguous in the pool)
- * are read once, front to back, so the hardware prefetcher streams whole 16-token blocks.
- * scores: scratch of H * len floats. */
-static void one_sequence(const float *q, const float *k_cache, const float *v_cache,
-                         const int64_t *table, int64_t len, float *out, float *scores,
-                         int H, int KVH, int D, int bs, float scale, int window) {
-    const int G = H / KVH;
+/* One sequence, the G query heads that share KV head `kvh`: each token's K and V rows are read
+ * once, front to back, so the hardware prefetcher streams whole 16-token blocks.
+ * q, out: the sequence's [H, D]; scores: scratch of G * len floats. */
+static void one_group(const float *q, const float *k_cache, const float *v_cache,
+                      const int64_t *table, int64_t len, float *out, float *scores,
+                      int H, int KVH, int kvh, int D, int bs, float scale, int window) {
+    const int G = H / KVH, h0 = kvh * G;
     const int64_t start = (window > 0 && len > window) ? len - window : 0;
     const int64_t n = len - start;
     const int64_t row = (int64_t)KVH * D;
     float maxs[256];
-    for (int h = 0; h < H; h++) maxs[h] = -INFINITY;
+    for (int g = 0; g < G; g++) maxs[g] = -INFINITY;
     for (int64_t t = start; t < len; t++) {
-        const float *k = k_cache + (table[t / bs] * bs + t % bs) * row;
-        for (int h = 0; h < H; h++) {
-            float sc = dot(q + (int64_t)h * D, k + (int64_t)(h / G) * D, D) * scale;
-            scores[h * n + (t - start)] = sc;
-            if (sc > maxs[h]) maxs[h] = sc;
+        const float *k = k_cache + (table[t / bs] * bs + t % bs) * row + (int64_t)kvh * D;
+        for (int g = 0; g < G; g++) {
+            float sc = dot(q + (int64_t)(h0 + g) * D, k, D) * scale;
+            scores[g * n + (t - start)] = sc;
+            if (sc > maxs[g]) maxs[g] = sc;
         }
     }
-    for (int h = 0; h < H; h++) {
-        float *sh = scores + h * n;
-        const float inv = 1.f / exp_sub_sum(sh, n, maxs[h]);
-        for (int64_t i = 0; i < n; i++) sh[i] *= inv;
+    for (int g = 0; g < G; g++) {
+        float *sg = scores + g * n;
+        const float inv = 1.f / exp_sub_sum(sg, n, maxs[g]);
+        for (int64_t i = 0; i < n; i++) sg[i] *= inv;
     }
-    memset(out, 0, sizeof(float) * (size_t)H * D);
+    memset(out + (int64_t)h0 * D, 0, sizeof(float) * (size_t)G * D);
     for (int64_t t = start; t < len; t++) {
-        const float *v = v_cache + (table[t / bs] * bs + t % bs) * row;
-        for (int h = 0; h < H; h++)
-            axpy(out + (int64_t)h * D, scores[h * n + (t - start)], v + (int64_t)(h / G) * D, D);
+        const float *v = v_cache + (table[t / bs] * bs + t % bs) * row + (int64_t)kvh * D;
+        for (int g = 0; g < G; g++)
+            axpy(out + (int64_t)(h0 + g) * D, scores[g * n + (t - start)], v, D);
     }
 }
 
-/* Returns 0, or -1 when H > 256 or scratch memory could not be had. */
+/* Returns 0, or -1 when H > 256 or scratch memory could not be had. One task per (sequence,
+ * KV head): at batch 1 the heads still spread over the threads. */
 int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
                      const int64_t *block_tables, const int64_t *context_lens, float *out,
                      int B, int H, int KVH, int D, int bs, int max_blocks, float scale,
@@ -120,20 +121,22 @@ int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
     if (H > 256 || KVH <= 0 || H % KVH) return -1;
     int64_t max_len = 1;
     for (int b = 0; b < B; b++) if (context_lens[b] > max_len) max_len = context_lens[b];
+    const int G = H / KVH;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
-        float *scores = malloc(sizeof(float) * (size_t)H * (size_t)max_len);
+        float *scores = malloc(sizeof(float) * (size_t)G * (size_t)max_len);
         if (!scores) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int b = 0; b < B; b++) {
+        for (int task = 0; task < B * KVH; task++) {
             if (!scores) continue;
-            one_sequence(q + (int64_t)b * H * D, k_cache, v_cache,
-                         block_tables + (int64_t)b * max_blocks, context_lens[b],
-                         out + (int64_t)b * H * D, scores, H, KVH, D, bs, scale, window);
+            const int b = task / KVH, kvh = task % KVH;
+            one_group(q + (int64_t)b * H * D, k_cache, v_cache,
+                      block_tables + (int64_t)b * max_blocks, context_lens[b],
+                      out + (int64_t)b * H * D, scores, H, KVH, kvh, D, bs, scale, window);
         }
         free(scores);
     }

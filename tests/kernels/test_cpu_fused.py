@@ -1,0 +1,52 @@
+"""csrc/fused_ops.c (residual add + RMSNorm, silu * up, RoPE) against the torch ops it replaces."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nextok.kernels.cpu_fused import load_fused_ops
+from nextok.model.layers import RotaryEmbedding
+
+OPS = load_fused_ops()
+pytestmark = pytest.mark.skipif(OPS is None, reason="no C compiler to build the kernels")
+
+
+def _torch_norm(x, w, eps):
+    return x * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + eps).float() * w
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])  # 40: the multi-threaded path
+@pytest.mark.parametrize("dim", [576, 100])  # 100: a tail after the 8-wide loop
+def test_add_rms_norm(rows, dim):
+    gen = torch.Generator().manual_seed(rows * dim)
+    x, res, w = torch.randn(rows, dim, generator=gen), torch.randn(rows, dim, generator=gen), torch.randn(dim, generator=gen)
+    expect_res = x + res
+    out, new_res = OPS.add_rms_norm(x, res.clone(), w, 1e-5)
+    assert torch.equal(new_res, expect_res)
+    torch.testing.assert_close(out, _torch_norm(expect_res, w, 1e-5), rtol=1e-5, atol=1e-5)
+    out, same = OPS.add_rms_norm(x, None, w, 1e-5)  # no residual: the norm of x, x the residual
+    assert same is x
+    torch.testing.assert_close(out, _torch_norm(x, w, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 33])
+def test_silu_mul(rows):
+    gate_up = torch.randn(rows, 2 * 96, generator=torch.Generator().manual_seed(rows)) * 6
+    gate, up = gate_up.split(96, dim=-1)
+    torch.testing.assert_close(OPS.silu_mul(gate_up), torch.nn.functional.silu(gate) * up,
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 50])
+def test_rope_rotates_q_and_k_heads_in_place_and_leaves_v(rows):
+    heads, kv_heads, d = 6, 2, 64
+    gen = torch.Generator().manual_seed(rows)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * d, generator=gen)
+    angles = torch.rand(rows, d // 2, generator=gen) * 50
+    cos, sin = angles.cos(), angles.sin()
+    qk = qkv[:, :(heads + kv_heads) * d].view(rows, heads + kv_heads, d)
+    expect = RotaryEmbedding.rotate(qk, cos.unsqueeze(1), sin.unsqueeze(1))
+    v_before = qkv[:, (heads + kv_heads) * d:].clone()
+    OPS.rope_neox(qkv, heads + kv_heads, d, cos, sin)
+    torch.testing.assert_close(qkv[:, :(heads + kv_heads) * d].view_as(expect), expect, rtol=1e-6, atol=1e-6)
+    assert torch.equal(qkv[:, (heads + kv_heads) * d:], v_before)

@@ -1,0 +1,108 @@
+"""GGUF weights kept as blocks for decode-sized steps (LlamaForCausalLM.use_gguf_blocks): the
+raw blocks come out in HF row order, and a quantized model gives the same logits through them
+as through its dequantized float32 weights."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as T  # noqa: E402
+
+from nextok.attention.base import AttentionMetadata, PrefillChunk  # noqa: E402
+from nextok.attention.torch_ref import TorchRefBackend  # noqa: E402
+from nextok.config import ModelConfig  # noqa: E402
+from nextok.kernels.cpu_gguf_linear import BLOCK_BYTES, BlockOrDenseLinear, load_gguf_matmul  # noqa: E402
+from nextok.model.gguf_format import dequantize  # noqa: E402
+from nextok.model.llama import LlamaForCausalLM  # noqa: E402
+from nextok.model.loader import load_checkpoint  # noqa: E402
+from tests.model.test_gguf import _llama_permute, write_gguf  # noqa: E402
+
+pytestmark = pytest.mark.skipif(load_gguf_matmul() is None, reason="no C compiler to build the kernel")
+HEADS, KV_HEADS, HIDDEN, FFN, VOCAB = 4, 2, 64, 128, 100
+
+
+def _tiny_gguf(path, arch: str, v_type=T.Q4_1) -> str:
+    """One layer, every matrix quantized (Q4_1, the embedding Q8_0); llama: tied and Q/K rows
+    permuted as llama.cpp's converter writes them; qwen2: QKV bias and an untied output."""
+    rng = np.random.default_rng(7)
+    head_dim = HIDDEN // HEADS
+
+    def q(shape, qtype):
+        return gguf.quants.quantize(rng.standard_normal(shape).astype(np.float32) * 0.2, qtype), qtype
+
+    t = {"token_embd.weight": q((VOCAB, HIDDEN), T.Q8_0),
+         "output_norm.weight": (np.ones(HIDDEN, np.float32), None),
+         "blk.0.attn_norm.weight": (rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32), None),
+         "blk.0.ffn_norm.weight": (rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32), None),
+         "blk.0.attn_q.weight": q((HEADS * head_dim, HIDDEN), T.Q4_1),
+         "blk.0.attn_k.weight": q((KV_HEADS * head_dim, HIDDEN), T.Q4_1),
+         "blk.0.attn_v.weight": q((KV_HEADS * head_dim, HIDDEN), v_type),
+         "blk.0.attn_output.weight": q((HIDDEN, HEADS * head_dim), T.Q4_1),
+         "blk.0.ffn_gate.weight": q((FFN, HIDDEN), T.Q4_1),
+         "blk.0.ffn_up.weight": q((FFN, HIDDEN), T.Q4_1),
+         "blk.0.ffn_down.weight": q((HIDDEN, FFN), T.Q8_0)}
+    if arch == "qwen2":
+        t["output.weight"] = q((VOCAB, HIDDEN), T.Q4_1)
+        for name, rows in (("attn_q", HEADS), ("attn_k", KV_HEADS), ("attn_v", KV_HEADS)):
+            t[f"blk.0.{name}.bias"] = (rng.standard_normal(rows * head_dim).astype(np.float32), None)
+    return write_gguf(path, t, arch=arch, heads=HEADS, kv_heads=KV_HEADS)
+
+
+def _model(path, blocks: bool):
+    ckpt = load_checkpoint(path)
+    cfg = ModelConfig.from_hf_dict(ckpt.hf_config)
+    model = LlamaForCausalLM(cfg, TorchRefBackend(), max_positions=64)
+    model.load_weights(ckpt.weights())
+    model.pack_for_cpu(torch.float32)
+    swapped = model.use_gguf_blocks(ckpt.blocks(tuple(BLOCK_BYTES))) if blocks else 0
+    return model.eval(), cfg, swapped
+
+
+def _logits(model, cfg, ids):
+    """Prefill `ids` (<= 8 tokens: the block path) into a fresh pool; logits of every position."""
+    bs = 16
+    caches = [(torch.zeros(4, bs, cfg.num_key_value_heads, cfg.head_dim),
+               torch.zeros(4, bs, cfg.num_key_value_heads, cfg.head_dim))]
+    meta = AttentionMetadata(slot_mapping=torch.arange(bs, bs + len(ids)), num_decode=0,
+                             decode_block_tables=None, decode_context_lens=None, decode_mask=None,
+                             prefills=[PrefillChunk(0, len(ids), len(ids), torch.tensor([1]))])
+    with torch.inference_mode():
+        hidden = model(torch.tensor(ids), torch.arange(len(ids)), caches, meta)
+        return model.compute_logits(hidden)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_block_path_gives_the_dequantized_models_logits(tmp_path, arch):
+    path = _tiny_gguf(tmp_path / f"{arch}.gguf", arch)
+    dense, cfg, _ = _model(path, blocks=False)
+    packed, _, swapped = _model(path, blocks=True)
+    assert swapped == 4 + 1  # qkv, o, gate_up, down + the lm_head (tied or not)
+    assert isinstance(packed.lm_head, BlockOrDenseLinear)
+    for ids in ([5], [3, 17, 42, 99, 0, 8, 61, 23]):
+        torch.testing.assert_close(_logits(packed, cfg, ids), _logits(dense, cfg, ids), rtol=1e-4, atol=1e-4)
+    long = list(range(20))  # 20 rows: the dense layers
+    torch.testing.assert_close(_logits(packed, cfg, long), _logits(dense, cfg, long), rtol=1e-4, atol=1e-4)
+
+
+def test_a_fused_matrix_of_mixed_types_stays_dense(tmp_path):
+    path = _tiny_gguf(tmp_path / "mixed.gguf", "llama", v_type=T.Q8_0)  # q, k Q4_1; v Q8_0
+    model, _, swapped = _model(path, blocks=True)
+    assert swapped == 3 + 1
+    assert not isinstance(model.layers[0].self_attn.qkv_proj, BlockOrDenseLinear)
+
+
+def test_real_blocks_dequantize_to_the_loaders_weights(model_path):
+    ckpt = load_checkpoint(model_path)
+    wanted = {"model.layers.2.self_attn.q_proj.weight", "model.layers.2.self_attn.k_proj.weight",
+              "model.layers.2.self_attn.v_proj.weight", "model.embed_tokens.weight"}
+    weights = {n: w for n, w in ckpt.weights() if n in wanted}
+    seen = 0
+    for name, type_id, raw in ckpt.blocks(tuple(BLOCK_BYTES)):
+        if name in wanted:
+            w = dequantize(raw.numpy().reshape(-1).copy(), type_id, raw.shape[0] * raw.shape[1]
+                           // BLOCK_BYTES[type_id] * 32).view(raw.shape[0], -1)
+            assert torch.equal(w, weights[name]), name  # q/k: the rows unpermuted as blocks
+            seen += 1
+    assert seen == len(wanted)
