@@ -13,7 +13,7 @@ PINS      := tokenizers==0.23.3 gguf==0.19.0 safetensors==0.8.0 numpy==2.4.6 jin
              tqdm==4.70.1 psutil==7.2.2 pytest==9.2.0 transformers==5.17.0 accelerate==1.15.0 \
              fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 pydantic==2.14.4 \
              prometheus-client==0.26.0 openai==3.57.0 httpx==0.29.0 schemathesis==4.32.5 \
-             matplotlib==3.10.8
+             matplotlib==3.10.8 triton==3.6.0
 
 PYTEST_ARGS ?=
 

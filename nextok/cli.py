@@ -35,6 +35,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-threads", type=int, default=None, help="CPU threads (default: torch's)")
     g.add_argument("--no-cpu-kernels", dest="cpu_kernels", action="store_false",
                    help="CPU: plain torch ops instead of oneDNN packed linears and the C decode kernel")
+    g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
+                   help="auto: triton on CUDA, the torch reference (gather + SDPA) on CPU")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="CUDA: no CUDA graphs (every decode step launches its kernels one by one)")
+    g.add_argument("--cuda-graph-max-batch", type=int, default=256,
+                   help="CUDA: largest decode batch replayed from a captured graph")
     g.add_argument("--no-gguf-blocks", dest="gguf_blocks", action="store_false",
                    help="CPU: keep GGUF weights only dequantized to float32 (default: decode steps "
                         "read Q4_1/Q8_0 weights as their blocks)")
@@ -115,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     from nextok.bench import throughput
 
     throughput.add_parser(bench_sub, add_engine_args)
+    from nextok.bench import latency
+
+    latency.add_parser(bench_sub, add_engine_args)
     from nextok.bench import serve_bench
 
     serve_bench.add_parser(bench_sub)
@@ -124,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     from nextok.bench import compare
 
     compare.add_parser(bench_sub)
+    from nextok.bench import kernels
+
+    kernels.add_parser(bench_sub)
     from nextok.server import serve
 
     serve.add_parser(sub, add_engine_args)

@@ -103,3 +103,7 @@ class EngineConfig:
     # CPU float32 on a GGUF file: decode-sized steps read Q4_1/Q8_0 weights as their blocks
     # (kernels/cpu_gguf_linear.py); False = the dequantized float32 weights only.
     gguf_blocks: bool = True
+    attention_backend: str = "torch"  # resolved: "torch" | "triton"
+    # CUDA: decode steps of up to cuda_graph_max_batch sequences replay captured graphs
+    enforce_eager: bool = False
+    cuda_graph_max_batch: int = 256

@@ -1,7 +1,15 @@
 """Shared fixtures. The real model is pulled once per session (`make test` pulls it first)."""
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
+
+# Without a GPU the Triton kernels run in Triton's interpreter (on CPU tensors). It reads this at
+# import, so it is set here, before any test module imports triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -101,6 +101,13 @@ def _load_hf(config):
 
     dtype = getattr(torch, config.dtype)
     path = config.model_path
+    if config.load_format == "dummy":  # random weights of the same shapes, as nextok's
+        from transformers import AutoConfig
+
+        directory = os.path.dirname(path) if os.path.isfile(path) else path
+        with torch.device(config.device):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory), dtype=dtype)
+        return model.eval()
     if path.endswith(".gguf"):
         model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path),
                                                      gguf_file=os.path.basename(path), dtype=dtype)

@@ -41,6 +41,9 @@ class EngineArgs:
     num_threads: int | None = None
     cpu_kernels: bool = True
     gguf_blocks: bool = True
+    attention_backend: str = "auto"
+    enforce_eager: bool = False
+    cuda_graph_max_batch: int = 256
     download: bool = True
 
 
@@ -78,7 +81,9 @@ def create_engine(args: EngineArgs):
                           args.num_kv_blocks, args.enable_prefix_caching),
         scheduler=SchedulerConfig(args.max_num_seqs, batched, args.enable_chunked_prefill, max_len),
         device=device, dtype=dtype, load_format=ckpt.format, seed=args.seed,
-        num_threads=args.num_threads, cpu_kernels=args.cpu_kernels, gguf_blocks=args.gguf_blocks)
+        num_threads=args.num_threads, cpu_kernels=args.cpu_kernels, gguf_blocks=args.gguf_blocks,
+        attention_backend=_attention_backend(args.attention_backend, device),
+        enforce_eager=args.enforce_eager, cuda_graph_max_batch=args.cuda_graph_max_batch)
     weights = None if ckpt.format == "dummy" else ckpt.weights()
     runner = ModelRunner(config, weights, max_len, ckpt.blocks)
     num_blocks = _num_blocks(config, runner)
@@ -91,6 +96,25 @@ def create_engine(args: EngineArgs):
     return LLMEngine(config, tokenizer, runner, num_blocks, max_len)
 
 
+def _attention_backend(name: str, device: str) -> str:
+    """auto: triton on CUDA (where Triton imports), the torch reference on CPU."""
+    if name not in ("auto", "torch", "triton"):
+        raise NextokError(f"--attention-backend must be auto, torch or triton, not {name!r}")
+    if name == "torch" or (name == "auto" and device != "cuda"):
+        return "torch"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        if name == "triton":
+            raise NextokError("--attention-backend triton needs the triton package") from None
+        log.warning("triton is not installed: the torch reference attention runs on %s", device)
+        return "torch"
+    if device != "cuda" and not os.environ.get("TRITON_INTERPRET"):
+        raise NextokError("--attention-backend triton runs on CUDA (or in Triton's interpreter "
+                          "with TRITON_INTERPRET=1)")
+    return "triton"
+
+
 def _check_args(args: EngineArgs) -> None:
     if args.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
         raise NextokError(f"--block-size must be a power of two up to 128, got {args.block_size}")
@@ -98,6 +122,8 @@ def _check_args(args: EngineArgs) -> None:
         raise NextokError("--max-num-seqs and --max-num-batched-tokens must be >= 1")
     if args.num_kv_blocks is not None and args.num_kv_blocks < 2:
         raise NextokError(f"--num-kv-blocks must be >= 2, got {args.num_kv_blocks}")
+    if args.cuda_graph_max_batch < 0:
+        raise NextokError("--cuda-graph-max-batch must be >= 0 (0: no CUDA graphs)")
     if not (0.0 < args.kv_cache_memory_fraction <= 0.95):
         raise NextokError("--kv-cache-memory-fraction must be in (0, 0.95]")
 

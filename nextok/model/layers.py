@@ -21,7 +21,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
         self.eps = eps
-        self.fused = None  # kernels/cpu_fused.py's ops, set for float32 CPU by pack_for_cpu
+        self.fused = None  # fused elementwise ops (kernels/select.py), bound by the model runner
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         # x, residual: [T, hidden]
@@ -111,7 +111,7 @@ class SwiGLU(nn.Module):
         self.intermediate = intermediate
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        self.fused = None  # kernels/cpu_fused.py's ops, set for float32 CPU by pack_for_cpu
+        self.fused = None  # fused elementwise ops (kernels/select.py), bound by the model runner
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2 * I]

@@ -29,7 +29,7 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
-        self.fused = None  # kernels/cpu_fused.py's ops, set for float32 CPU by pack_for_cpu
+        self.fused = None  # fused elementwise ops (kernels/select.py), bound by the model runner
 
     def forward(self, x, rope_cos_sin, kv_cache, meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
@@ -110,14 +110,13 @@ class LlamaForCausalLM(nn.Module):
             # The embedding keeps its plain weight for lookups; the packed copy is the lm_head.
             self.lm_head = PackedLinear(self.embed_tokens.weight, None)
             num += 1
-        if dtype == torch.float32:
-            from nextok.kernels.cpu_fused import load_fused_ops
-
-            ops = load_fused_ops()
-            for module in self.modules():
-                if hasattr(module, "fused"):
-                    module.fused = ops
         return num
+
+    def set_fused_ops(self, ops) -> None:
+        """Binds the fused elementwise ops (kernels/select.py) to every layer that takes them."""
+        for module in self.modules():
+            if hasattr(module, "fused"):
+                module.fused = ops
 
     def use_gguf_blocks(self, blocks: Iterable[tuple[str, int, torch.Tensor]]) -> int:
         """After pack_for_cpu, on float32: every linear whose weights (all shards of a fused one)

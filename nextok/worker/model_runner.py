@@ -5,6 +5,7 @@ Owns the model, the paged KV pool and the per-sequence sampling generators. Only
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -16,6 +17,7 @@ from nextok.engine.scheduler import ScheduledSeq, SchedulerOutput
 from nextok.model.registry import model_class
 from nextok.worker.sampler import Sampler, SamplingMetadata
 
+log = logging.getLogger("nextok")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -39,7 +41,9 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.dtype = DTYPES[config.dtype]
         mc = config.model
-        self.backend = TorchRefBackend(self._cpu_decode_kernel())
+        self.max_model_len = max_model_len
+        self.backend = self._make_backend()
+        self.graphs = None  # a CudaGraphRunner once the KV pool exists (CUDA, triton, not eager)
         cls = model_class(mc.architecture)
         with torch.device(self.device):
             model = cls(mc, self.backend, max_positions=max_model_len)
@@ -48,6 +52,10 @@ class ModelRunner:
             model.init_dummy_weights(config.seed)
         else:
             model.load_weights(weights)
+        if self.device.type == "cuda" or config.cpu_kernels:
+            from nextok.kernels.select import fused_ops_for
+
+            model.set_fused_ops(fused_ops_for(self.device, self.dtype))
         if self.device.type == "cpu" and config.cpu_kernels:
             model.pack_for_cpu(self.dtype)
             if blocks is not None and weights is not None and self._gguf_blocks_apply():
@@ -59,6 +67,13 @@ class ModelRunner:
         self.generators: dict[int, torch.Generator] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = config.cache.block_size
+
+    def _make_backend(self):
+        if self.config.attention_backend == "triton":
+            from nextok.attention.triton_backend import TritonBackend
+
+            return TritonBackend()
+        return TorchRefBackend(self._cpu_decode_kernel())
 
     def _gguf_blocks_apply(self) -> bool:
         if self.dtype != torch.float32 or not self.config.gguf_blocks:
@@ -88,6 +103,21 @@ class ModelRunner:
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(mc.num_hidden_layers)]
+        cfg = self.config
+        if (self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager
+                and cfg.cuda_graph_max_batch > 0):
+            from nextok.worker.cuda_graph import CudaGraphRunner
+
+            max_batch = min(cfg.cuda_graph_max_batch, cfg.scheduler.max_num_seqs)
+            max_blocks = -(-self.max_model_len // self.block_size)
+            graphs = CudaGraphRunner(self.model, self.kv_caches, max_batch, max_blocks,
+                                     mc.sliding_window, self.device)
+            try:
+                graphs.capture()
+                self.graphs = graphs
+            except RuntimeError as e:  # serve eagerly rather than not at all, and say so loudly
+                log.warning("CUDA graph capture failed, decode runs eagerly (--enforce-eager "
+                            "silences this): %s", e)
 
     def release(self, seq_ids) -> None:
         for sid in seq_ids:
@@ -98,14 +128,22 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelOutput:
         # Single-token queries first (one batched attention call), then multi-token chunks.
         items = sorted(out.scheduled, key=lambda s: s.num_new_tokens != 1)
-        input_ids, positions, meta, sample_rows, sample_items = self._prepare(items)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        host, prefills, sample_rows, sample_items = self._prepare(items)
+        n = len(host["ids"])
+        if self.graphs is not None and self.graphs.fits(n, len(host["lens"]), len(prefills)):
+            hidden = self.graphs.run(host["ids"], host["pos"], host["slots"], host["tables"], host["lens"])
+        else:
+            input_ids, positions, meta = self._device_inputs(host, prefills)
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)
         if not sample_items:
             return ModelOutput()
         logits = self.model.compute_logits(hidden[sample_rows])  # [S, V]
         return self._sample(logits, sample_items)
 
     def _prepare(self, items: list[ScheduledSeq]):
+        """The step's inputs as host tensors (pinned on CUDA, for asynchronous copies):
+        ids, pos, slots [T]; decode tables [num_decode, max blocks] (padded with block 0) and
+        lens [num_decode]; plus the prefill chunks and the rows that sample."""
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
@@ -125,27 +163,42 @@ class ModelRunner:
                 decode_lens.append(start + 1)
             else:
                 nb = -(-(start + n) // bs)
-                prefills.append(PrefillChunk(q_start, n, start + n,
-                                             torch.tensor(table[:nb], device=self.device)))
+                prefills.append(PrefillChunk(q_start, n, start + n, self._host(table[:nb])))
             if it.samples:
                 sample_rows.append(len(ids) - 1)
                 sample_items.append(it)
+        max_blocks = max((-(-n // bs) for n in decode_lens), default=0)
+        padded = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in decode_tables]
+        host = {"ids": self._host(ids), "pos": self._host(pos), "slots": self._host(slots),
+                "tables": self._host(padded).view(len(padded), max_blocks),
+                "lens": self._host(decode_lens)}
+        return host, prefills, sample_rows, sample_items
+
+    def _host(self, values: list) -> torch.Tensor:
+        t = torch.tensor(values, dtype=torch.long)
+        return t.pin_memory() if self.device.type == "cuda" else t
+
+    def _device_inputs(self, host: dict, prefills: list[PrefillChunk]):
         dev = self.device
+
+        def to_dev(t: torch.Tensor) -> torch.Tensor:
+            return t.to(dev, non_blocking=True)
+
+        for chunk in prefills:
+            chunk.block_table = to_dev(chunk.block_table)
+        num_decode = len(host["lens"])
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            num_decode=len(decode_lens), decode_block_tables=None, decode_context_lens=None,
-            decode_mask=None, prefills=prefills, sliding_window=self.config.model.sliding_window)
-        if decode_lens:
-            max_blocks = max(-(-n // bs) for n in decode_lens)
-            padded = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in decode_tables]
-            meta.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=dev)
-            meta.decode_context_lens = torch.tensor(decode_lens, dtype=torch.long, device=dev)
+            slot_mapping=to_dev(host["slots"]), num_decode=num_decode, decode_block_tables=None,
+            decode_context_lens=None, decode_mask=None, prefills=prefills,
+            sliding_window=self.config.model.sliding_window)
+        if num_decode:
+            meta.decode_block_tables = to_dev(host["tables"])
+            meta.decode_context_lens = to_dev(host["lens"])
             if self.backend.needs_decode_mask:
-                meta.decode_mask = decode_mask(meta.decode_context_lens, max_blocks * bs,
+                meta.decode_mask = decode_mask(meta.decode_context_lens,
+                                               host["tables"].shape[1] * self.block_size,
                                                meta.sliding_window)
-        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
-        positions = torch.tensor(pos, dtype=torch.long, device=dev)
-        return input_ids, positions, meta, sample_rows, sample_items
+        return to_dev(host["ids"]), to_dev(host["pos"]), meta
 
     def _sample(self, logits: torch.Tensor, items: list[ScheduledSeq]) -> ModelOutput:
         seqs = [it.seq for it in items]

@@ -1,0 +1,200 @@
+"""`nextok bench latency`: prefill time and decode time per step at a few batch sizes, next to
+the memory-bandwidth roofline of a decode step, optionally beside transformers' batch-1 decode.
+
+Per batch size b, with fresh random prompts each time (so the prefix cache never helps):
+- prefill: generate(b prompts, max_tokens=1);
+- decode step: (t(1 + new tokens) - t(1 token)) / new, the same prompts' shape both times.
+The roofline of a decode step is (weight bytes a step reads + KV bytes it reads) over the
+measured device copy bandwidth (bytes read + written by a large tensor copy). Weight bytes are
+what a decode step reads: every linear and norm weight, and the lm_head; an untied embedding
+table is only indexed (b rows), so it is left out (`param_bytes` has all parameters).
+
+`--also-eager` builds a second engine with --enforce-eager and interleaves the two per round;
+`--baseline transformers` times transformers' batch-1 decode eagerly and with its best path, a
+static cache and torch.compile(mode="reduce-overhead") (CUDA only; it compiles for a minute or two).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+
+from nextok.bench.common import header, write_json
+
+
+def add_parser(sub, add_engine_args) -> None:
+    p = sub.add_parser("latency", help="prefill and decode-step latency vs the bandwidth roofline")
+    p.add_argument("--batch-sizes", default="1,8,32")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64, help="decode steps timed per run")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (median reported)")
+    p.add_argument("--also-eager", action="store_true", help="also time an --enforce-eager engine")
+    p.add_argument("--baseline", default="none", choices=["none", "transformers"])
+    p.add_argument("--output", default=None, help="write results JSON here")
+    add_engine_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from nextok import LLM
+    from nextok.cli import engine_kwargs
+
+    sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+    if not sizes or min(sizes) < 1 or args.input_len < 1 or args.output_len < 1 or args.repeats < 1:
+        raise ValueError("--batch-sizes, --input-len, --output-len and --repeats must be >= 1")
+    kwargs = engine_kwargs(args)
+    engines = {"nextok": LLM(**kwargs)}
+    if args.also_eager:
+        engines["nextok_eager"] = LLM(**{**kwargs, "enforce_eager": True})
+    main = engines["nextok"].engine
+    device = torch.device(main.config.device)
+    model = main.runner.model
+    rng = torch.Generator().manual_seed(0)
+    vocab = main.config.model.vocab_size
+
+    def prompts(b):  # fresh ids every call: no prefix-cache hits
+        return torch.randint(100, vocab - 1, (b, args.input_len), generator=rng).tolist()
+
+    for llm in engines.values():  # warm-up (Triton compiles, allocator)
+        _time_generate(llm, prompts(2), 3, device)
+    rounds = []
+    for r in range(args.repeats):
+        rnd = {}
+        for name, llm in engines.items():
+            rnd[name] = {str(b): _step_times(llm, prompts, b, args.output_len, device) for b in sizes}
+        rounds.append(rnd)
+        print(f"round {r + 1}/{args.repeats} done", flush=True)
+    bw = copy_bandwidth(device)
+    mc = main.config.model
+    kv_per_token = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * _elem(main.config.dtype)
+    weights = decode_weight_bytes(model)
+    summary = {}
+    for name in engines:
+        summary[name] = {}
+        for b in sizes:
+            decode = statistics.median(rd[name][str(b)]["decode_step_ms"] for rd in rounds)
+            prefill = statistics.median(rd[name][str(b)]["prefill_ms"] for rd in rounds)
+            ctx = args.input_len + args.output_len / 2  # mean context over the timed steps
+            roof_ms = (weights + b * ctx * kv_per_token) / bw * 1e3
+            summary[name][str(b)] = {"decode_step_ms": decode, "prefill_ms": prefill,
+                                     "roofline_ms": roof_ms, "fraction_of_roofline": roof_ms / decode,
+                                     "decode_tokens_per_s": b / decode * 1e3}
+    result = header({"benchmark": "latency", "device": main.config.device, "dtype": main.config.dtype,
+                     "model": main.config.model_path, "load_format": main.config.load_format,
+                     "attention_backend": main.config.attention_backend,
+                     "cuda_graphs": main.runner.graphs is not None,
+                     "input_len": args.input_len, "output_len": args.output_len,
+                     "copy_bandwidth_GBps": bw / 1e9, "weight_bytes_per_step": weights,
+                     "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+                     "kv_bytes_per_token": kv_per_token, "rounds": rounds, "summary": summary})
+    if args.baseline == "transformers":
+        result["transformers"] = hf_batch1(main.config, args.input_len, args.output_len, device)
+    _print(result)
+    if args.output:
+        write_json(args.output, result)
+    return 0
+
+
+def _elem(dtype: str) -> int:
+    return torch.tensor([], dtype=getattr(torch, dtype)).element_size()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time_generate(llm, prompts, max_tokens: int, device) -> float:
+    from nextok import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    _sync(device)
+    t = time.perf_counter()
+    llm.generate(prompts, params)
+    _sync(device)
+    return time.perf_counter() - t
+
+
+def _step_times(llm, prompts, b: int, new: int, device) -> dict:
+    prefill = _time_generate(llm, prompts(b), 1, device)
+    full = _time_generate(llm, prompts(b), 1 + new, device)
+    return {"prefill_ms": prefill * 1e3, "decode_step_ms": (full - prefill) / new * 1e3}
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes read + written per second by a 1 GiB (CPU: 256 MiB) tensor copy; median of 10."""
+    n = (1 << 30) if device.type == "cuda" else (1 << 28)
+    x = torch.ones(n, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    times = []
+    for i in range(13):
+        _sync(device)
+        t = time.perf_counter()
+        y.copy_(x)
+        _sync(device)
+        if i >= 3:
+            times.append(time.perf_counter() - t)
+    return 2 * n / statistics.median(times)
+
+
+def decode_weight_bytes(model) -> int:
+    """Bytes of weights one decode step reads: every parameter but an untied embedding table
+    (a lookup reads b rows of it); a tied one counts once, as the lm_head."""
+    total = 0
+    for name, p in model.named_parameters():
+        if name.startswith("embed_tokens") and model.lm_head is not None:
+            continue
+        total += p.numel() * p.element_size()
+    return total
+
+
+def hf_batch1(config, input_len: int, new: int, device: torch.device) -> dict:
+    """transformers' batch-1 decode ms/token: eager generate(), then static cache + torch.compile."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = getattr(torch, config.dtype)
+    path = config.model_path
+    if path.endswith(".gguf"):
+        hf_cfg = AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    else:
+        hf_cfg = AutoConfig.from_pretrained(os.path.dirname(path) if os.path.isfile(path) else path)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype).eval()
+    ids = torch.randint(100, hf_cfg.vocab_size - 1, (1, input_len), device=device)
+
+    def per_token() -> float:
+        def gen(n):
+            _sync(device)
+            t = time.perf_counter()
+            with torch.inference_mode():
+                model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                               min_new_tokens=n, do_sample=False, pad_token_id=0)
+            _sync(device)
+            return time.perf_counter() - t
+        gen(2)
+        return statistics.median((gen(new + 1) - gen(1)) / new * 1e3 for _ in range(3))
+
+    out = {"eager_ms_per_token": per_token()}
+    if device.type == "cuda":
+        model.generation_config.cache_implementation = "static"
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        t = time.perf_counter()
+        for _ in range(2):
+            per_token()  # compiles (prefill and decode shapes) and warms the graphs
+        out["compile_s"] = time.perf_counter() - t
+        out["static_compiled_ms_per_token"] = per_token()
+    return out
+
+
+def _print(result: dict) -> None:
+    print(f"copy bandwidth {result['copy_bandwidth_GBps']:.0f} GB/s, weights read per decode step "
+          f"{result['weight_bytes_per_step'] / 1e9:.2f} GB")
+    for name, rows in result["summary"].items():
+        for b, r in rows.items():
+            print(f"{name:>13} batch {b:>3}: decode step {r['decode_step_ms']:8.2f} ms "
+                  f"(roofline {r['roofline_ms']:.2f} ms, {r['fraction_of_roofline'] * 100:5.1f} %), "
+                  f"prefill {r['prefill_ms']:8.1f} ms")
+    if "transformers" in result:
+        print("transformers batch 1:", {k: round(v, 2) for k, v in result["transformers"].items()})

@@ -1,0 +1,55 @@
+"""The fused ops of a decoder layer in plain torch: the oracle the fused kernels are checked against.
+
+Each method is the model's unfused path (model/layers.py, model/llama.py) op for op, so in every
+dtype it gives the same bits as running the model with `fused = None`:
+- add + RMSNorm: the residual add rounds in the activation dtype; below float32 the statistics are
+  taken in float32, and the weight is applied after the cast back (RMSNorm._norm);
+- silu * up: silu rounds to the activation dtype, then the product does;
+- RoPE: each product, and then their sum, rounds to the activation dtype (RotaryEmbedding.rotate).
+The kernels (kernels/cpu_fused.py, kernels/triton/fused.py) implement the same interface.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm(x) * weight exactly as RMSNorm._norm computes it. x: [T, D]."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    normed = F.rms_norm(x.float(), weight.shape, None, eps)
+    return weight * normed.to(x.dtype)
+
+
+def rotate_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, D]; cos, sin: [T, 1, D/2] -> rotated copy (RotaryEmbedding.rotate)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class RefFusedOps:
+    """The `fused` interface of RMSNorm, Attention and SwiGLU, in torch ops (any device, dtype)."""
+
+    name = "torch"
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(x + residual) * weight, x + residual); without a residual, x is the residual.
+        x, residual: [T, D]. The sum is a new tensor (the caller's residual is left alone)."""
+        residual = x if residual is None else x + residual
+        return rms_norm(residual, weight, eps), residual
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [T, 2I] -> silu(gate) * up [T, I]."""
+        gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
+        return F.silu(gate) * up
+
+    def rope_neox(self, qkv: torch.Tensor, num_heads: int, head_dim: int, cos: torch.Tensor,
+                  sin: torch.Tensor) -> None:
+        """Rotate heads [0, num_heads) of each row of qkv [T, stride] in place.
+        cos, sin: [T, 1, D/2] or [T, D/2] in the activation dtype."""
+        t = qkv.shape[0]
+        heads = qkv[:, :num_heads * head_dim].view(t, num_heads, head_dim)
+        cos, sin = cos.reshape(t, 1, head_dim // 2), sin.reshape(t, 1, head_dim // 2)
+        heads.copy_(rotate_neox(heads, cos, sin))

@@ -1,0 +1,322 @@
+"""Triton kernels over the paged KV pool: KV store, split-KV paged decode, paged (chunked) prefill.
+
+Cache layout per layer: [num_blocks, block_size, KVH, D]. Key position t of a sequence lives in
+page `block_table[t // block_size]`, row `t % block_size`. The kernels gather pages per key (the
+block id of each key is loaded from the block table), so block_size need not be a power of two.
+
+GQA: query head h reads KV head h // G with G = H // KVH. Every kernel runs one program per KV
+head and packs the G query heads that share it into the rows of its query tile, so each K/V tile
+is loaded once for all of them.
+
+Softmax runs in base 2: scores are scaled by scale * log2(e), and the split-KV partials store
+their log-sum-exp in base 2 as well. Accumulation is float32; tl.dot runs at "ieee" precision so
+float32 inputs are not rounded to tf32.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+LOG2E = 1.4426950408889634
+
+
+# ---- KV store ------------------------------------------------------------------------------------
+@triton.jit
+def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
+                     s_kt, s_kh, s_kd, s_vt, s_vh, s_vd,
+                     s_cb, s_cs, s_ch, s_cd,
+                     KVH: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    # One program per token: copies its [KVH, D] key and value rows into the slot's page row.
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t)
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    mask = (h < KVH) & (d < D) & (slot >= 0)  # slot -1: a padding token (CUDA-graph batches)
+    dst = (slot // PAGE) * s_cb + (slot % PAGE) * s_cs + h * s_ch + d * s_cd
+    k = tl.load(k_ptr + t * s_kt + h * s_kh + d * s_kd, mask=mask)
+    v = tl.load(v_ptr + t * s_vt + h * s_vh + d * s_vd, mask=mask)
+    tl.store(kc_ptr + dst, k, mask=mask)
+    tl.store(vc_ptr + dst, v, mask=mask)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """k, v: [T, KVH, D] -> caches [num_blocks, block_size, KVH, D] at slot_mapping [T] (int64)."""
+    t, kvh, d = k.shape
+    if t == 0:
+        return
+    assert k_cache.stride() == v_cache.stride()
+    _store_kv_kernel[(t,)](k, v, k_cache, v_cache, slot_mapping, *k.stride(), *v.stride(),
+                           *k_cache.stride(), KVH=kvh, D=d, PAGE=k_cache.shape[1],
+                           BLOCK_H=triton.next_power_of_2(kvh), BLOCK_D=triton.next_power_of_2(d))
+
+
+# ---- shared: online softmax over a range of keys -------------------------------------------------
+@triton.jit
+def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, bt_row,
+                 s_cb, s_cs, d_off, d_mask, qk_scale, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, INTERPRET: tl.constexpr):
+    # q: [M, BD]; acc: [M, BD] f32; m_i, l_i: [M] f32 (base-2 running max and sum).
+    # Keys n0 + [0, BLOCK_N), only those < end loaded. MASK 0: every row sees every key (no
+    # masking work); 1: keys < end; 2: causal on pos_q [M] (+ sliding window). Padding rows
+    # (q = 0) may see unloaded keys (k = v = 0): they are never stored.
+    pos_k = n0 + tl.arange(0, BLOCK_N)
+    k_ok = pos_k < end
+    blk = tl.load(bt_row + pos_k // PAGE, mask=k_ok, other=0)  # page of each key, int64
+    off = blk[:, None] * s_cb + (pos_k % PAGE)[:, None] * s_cs + d_off[None, :]
+    kv_mask = k_ok[:, None] & d_mask[None, :]
+    k = tl.load(k_base + off, mask=kv_mask, other=0.0)  # [N, BD]
+    if INTERPRET:  # the interpreter's tl.dot multiplies bfloat16's raw bits: upcast there
+        q, k = q.to(tl.float32), k.to(tl.float32)
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [M, N]
+    if MASK == 1:
+        s = tl.where(k_ok[None, :], s, float("-inf"))
+    if MASK == 2:
+        visible = pos_k[None, :] <= pos_q[:, None]
+        if HAS_WINDOW:
+            visible = visible & (pos_k[None, :] > pos_q[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = m_new
+    if MASK != 0:
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet: 0
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    v = tl.load(v_base + off, mask=kv_mask, other=0.0)
+    pv = p.to(v.dtype)
+    if INTERPRET:
+        pv, v = pv.to(tl.float32), v.to(tl.float32)
+    acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision="ieee")
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _attend_range(q, acc, m_i, l_i, start, end, pos_q, window, k_base, v_base, bt_row,
+                  s_cb, s_cs, d_off, d_mask, qk_scale, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                  MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, INTERPRET: tl.constexpr):
+    # Tiles n0 = start, start + BLOCK_N, ... < end. Triton 3.6's interpreter cannot take tensor
+    # bounds in range() under numpy >= 2.4 (triton-lang/triton#9171), so it runs a while loop;
+    # compiled code keeps the for loop, which Triton software-pipelines.
+    if INTERPRET:
+        n0 = start
+        while n0 < end:
+            acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base,
+                                         bt_row, s_cb, s_cs, d_off, d_mask, qk_scale, PAGE,
+                                         BLOCK_N, MASK, HAS_WINDOW, INTERPRET)
+            n0 += BLOCK_N
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base,
+                                         bt_row, s_cb, s_cs, d_off, d_mask, qk_scale, PAGE,
+                                         BLOCK_N, MASK, HAS_WINDOW, INTERPRET)
+    return acc, m_i, l_i
+
+
+# ---- paged decode: split-KV, then a reduce over splits -------------------------------------------
+@triton.jit
+def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
+                         qk_scale, window,
+                         s_qt, s_qh, s_qd, s_cb, s_cs, s_ch, s_cd, s_bt, s_ot, s_oh, s_od,
+                         G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                         NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                         INTERPRET: tl.constexpr):
+    # Grid (B, KVH, NUM_SPLITS). The visible keys [lo, len) are cut into NUM_SPLITS ranges of
+    # whole BLOCK_N tiles, sized from this sequence's length; a split past the end does nothing
+    # and writes an empty partial (lse = -inf, o = 0) that the reduce ignores.
+    b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    ctx = tl.load(lens_ptr + b).to(tl.int32)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(ctx - window, 0)
+    per_split = tl.cdiv(tl.cdiv(ctx - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * per_split
+    end = tl.minimum(start + per_split, ctx)
+
+    g = tl.arange(0, BLOCK_G)
+    head = kvh * G + g
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    q_mask = (g < G)[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + b * s_qt + head[:, None] * s_qh + d[None, :] * s_qd, mask=q_mask, other=0.0)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc, m_i, l_i = _attend_range(q, acc, m_i, l_i, start, end, None, window,
+                                  kc_ptr + kvh * s_ch, vc_ptr + kvh * s_ch, bt_ptr + b * s_bt,
+                                  s_cb, s_cs, d * s_cd, d_mask, qk_scale, PAGE, BLOCK_N,
+                                  MASK=1, HAS_WINDOW=False, INTERPRET=INTERPRET)
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # 0 for an empty split
+    o = acc / l_safe[:, None]
+    if NUM_SPLITS == 1:  # nothing to reduce: write the output directly
+        tl.store(out_ptr + b * s_ot + head[:, None] * s_oh + d[None, :] * s_od,
+                 o.to(out_ptr.dtype.element_ty), mask=q_mask)
+    else:
+        # mid_o: [B, H, NUM_SPLITS, D] f32 (contiguous); mid_lse: [B, H, NUM_SPLITS] f32
+        row = (b * G * tl.num_programs(1) + head) * NUM_SPLITS + split  # [BLOCK_G]
+        tl.store(mid_o_ptr + row[:, None] * D + d[None, :], o, mask=q_mask)
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
+        tl.store(mid_lse_ptr + row, lse, mask=g < G)
+
+
+@triton.jit
+def _decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, s_ot, s_oh, s_od,
+                          D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    # Grid (B, H): out = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse).
+    b, h = tl.program_id(0), tl.program_id(1)
+    row = b * tl.num_programs(1) + h
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    lse = tl.load(mid_lse_ptr + row * NUM_SPLITS + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # [BLOCK_S], 0 for empty splits
+    o = tl.load(mid_o_ptr + (row * NUM_SPLITS + s[:, None]) * D + d[None, :],
+                mask=(s < NUM_SPLITS)[:, None] & (d < D)[None, :], other=0.0)
+    denom = tl.sum(w, axis=0)
+    res = tl.sum(o * w[:, None], axis=0) / tl.where(denom == 0.0, 1.0, denom)
+    tl.store(out_ptr + b * s_ot + h * s_oh + d * s_od, res.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: a handful of splits exercises the reduce on small shapes
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def decode_num_splits(batch: int, kv_heads: int, max_len: int, device: torch.device) -> int:
+    """Splits per (sequence, KV head): enough programs for ~2 waves over the SMs, at least
+    `min_tokens` keys of max_len per split, at most 32. Depends on shapes only (CUDA graphs)."""
+    min_tokens = 256 if device.type == "cuda" else 16
+    want = triton.cdiv(2 * _num_sms(device), batch * kv_heads)
+    return max(1, min(want, triton.cdiv(max_len, min_tokens), 32))
+
+
+def _decode_config(d: int, device: torch.device) -> tuple[int, int]:
+    """(BLOCK_N, num_warps)."""
+    if device.type != "cuda":
+        return 16, 4
+    return (64 if d <= 128 else 32), 4
+
+
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                 window: int | None, out: torch.Tensor, num_splits: int | None = None) -> None:
+    """q: [B, H, D] (one query per sequence, at position len - 1); block_tables: [B, max_blocks];
+    context_lens: [B]; writes out [B, H, D]. Launch grid and arguments depend on shapes only."""
+    b, h, d = q.shape
+    kvh, page = k_cache.shape[2], k_cache.shape[1]
+    g = h // kvh
+    if num_splits is None:
+        num_splits = decode_num_splits(b, kvh, block_tables.shape[1] * page, q.device)
+    block_n, warps = _decode_config(d, q.device)
+    block_d = triton.next_power_of_2(d)
+    mid_o = mid_lse = out  # unused when num_splits == 1
+    if num_splits > 1:
+        mid_o = torch.empty(b, h, num_splits, d, dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty(b, h, num_splits, dtype=torch.float32, device=q.device)
+    _decode_split_kernel[(b, kvh, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, mid_o, mid_lse,
+        scale * LOG2E, window or 0, *q.stride(), *k_cache.stride(), block_tables.stride(0),
+        *out.stride(), G=g, D=d, PAGE=page, NUM_SPLITS=num_splits, HAS_WINDOW=window is not None,
+        BLOCK_G=max(16, triton.next_power_of_2(g)), BLOCK_D=block_d, BLOCK_N=block_n,
+        INTERPRET=INTERPRETED, num_warps=warps)
+    if num_splits > 1:
+        _decode_reduce_kernel[(b, h)](mid_o, mid_lse, out, *out.stride(), D=d,
+                                      NUM_SPLITS=num_splits,
+                                      BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d)
+
+
+# ---- paged prefill: all chunks of a step in one launch -------------------------------------------
+@triton.jit
+def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, info_ptr, bt_ptr, qk_scale, window,
+                    s_qt, s_qh, s_qd, s_cb, s_cs, s_ch, s_cd, s_ot, s_oh, s_od, s_bt,
+                    G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                    HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+    # Grid (num_chunks, KVH, cdiv(max_q_len, BLOCK_M // G)). Tile rows pack (token, group head):
+    # row r is token qb * TOK + r // G of the chunk and query head kvh * G + r % G.
+    # info: [C, 3] int32 (q_start, q_len, ctx_len); bt: [C, max_blocks] int64.
+    c, kvh, qb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    TOK: tl.constexpr = BLOCK_M // G
+    q_start = tl.load(info_ptr + c * 3)
+    q_len = tl.load(info_ptr + c * 3 + 1)
+    ctx = tl.load(info_ptr + c * 3 + 2)
+    prefix = ctx - q_len  # cached keys before the chunk's first token
+
+    r = tl.arange(0, BLOCK_M)
+    tok = qb * TOK + r // G
+    head = kvh * G + r % G
+    row_ok = (r < TOK * G) & (tok < q_len)
+    pos_q = prefix + tok  # [BLOCK_M] absolute positions
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    mask = row_ok[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + (q_start + tok)[:, None] * s_qt + head[:, None] * s_qh + d[None, :] * s_qd,
+                mask=mask, other=0.0)
+
+    # Keys this tile needs: [lo, hi); none when the tile starts past the chunk's end.
+    first = qb * TOK
+    hi = prefix + tl.minimum(first + TOK, q_len)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(prefix + first - window + 1, 0)
+    hi = tl.where(first < q_len, hi, lo)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    k_base, v_base, bt_row = kc_ptr + kvh * s_ch, vc_ptr + kvh * s_ch, bt_ptr + c * s_bt
+    mid = lo  # keys [lo, mid): whole tiles every row of this tile sees (causal, no window)
+    if not HAS_WINDOW:
+        mid = tl.minimum((prefix + first + 1) // BLOCK_N * BLOCK_N, hi)
+        acc, m_i, l_i = _attend_range(q, acc, m_i, l_i, 0, mid, pos_q, window, k_base, v_base,
+                                      bt_row, s_cb, s_cs, d * s_cd, d_mask, qk_scale, PAGE,
+                                      BLOCK_N, MASK=0, HAS_WINDOW=False, INTERPRET=INTERPRET)
+    acc, m_i, l_i = _attend_range(q, acc, m_i, l_i, mid, hi, pos_q, window, k_base, v_base,
+                                  bt_row, s_cb, s_cs, d * s_cd, d_mask, qk_scale, PAGE, BLOCK_N,
+                                  MASK=2, HAS_WINDOW=HAS_WINDOW, INTERPRET=INTERPRET)
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(out_ptr + (q_start + tok)[:, None] * s_ot + head[:, None] * s_oh + d[None, :] * s_od,
+             o.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# triton.jit gives an interpreter function instead of a JITFunction under TRITON_INTERPRET=1.
+INTERPRETED = not isinstance(_prefill_kernel, JITFunction)
+
+
+def _prefill_config(d: int, g: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages); BLOCK_M holds at least one token's G heads."""
+    if device.type != "cuda":
+        m, n, warps, stages = 16, 16, 4, 1
+    elif d <= 64:
+        m, n, warps, stages = 128, 64, 4, 3
+    elif d <= 128:
+        m, n, warps, stages = 128, 64, 8, 3
+    else:
+        m, n, warps, stages = 64, 32, 4, 2
+    return max(m, triton.next_power_of_2(g)), n, warps, stages
+
+
+def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  info: torch.Tensor, block_tables: torch.Tensor, max_q_len: int, scale: float,
+                  window: int | None, out: torch.Tensor) -> None:
+    """q: [T, H, D]; info: [C, 3] int32 (q_start, q_len, ctx_len) per chunk; block_tables:
+    [C, max_blocks] int64 (padded). Writes the chunks' rows of out [T, H, D]."""
+    h, d = q.shape[1], q.shape[2]
+    kvh, page = k_cache.shape[2], k_cache.shape[1]
+    g = h // kvh
+    block_m, block_n, warps, stages = _prefill_config(d, g, q.device)
+    grid = (info.shape[0], kvh, triton.cdiv(max_q_len, block_m // g))
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, out, info, block_tables, scale * LOG2E, window or 0,
+        *q.stride(), *k_cache.stride(), *out.stride(), block_tables.stride(0),
+        G=g, D=d, PAGE=page, HAS_WINDOW=window is not None, BLOCK_M=block_m,
+        BLOCK_D=triton.next_power_of_2(d), BLOCK_N=block_n, INTERPRET=INTERPRETED, num_warps=warps,
+        num_stages=stages)

@@ -1,0 +1,165 @@
+"""The Triton attention backend == the torch reference backend, on the same paged KV state.
+
+On CUDA: realistic shapes (32 heads / 8 KV heads, head_dim 128, contexts up to 4k). Without a GPU
+the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET=1) on small shapes.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from nextok.attention.base import AttentionMetadata, PrefillChunk  # noqa: E402
+from nextok.attention.torch_ref import TorchRefBackend, _decode, decode_mask  # noqa: E402
+from nextok.attention.triton_backend import TritonBackend  # noqa: E402
+from nextok.kernels.triton.attention import paged_decode, store_kv  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+if CUDA:  # (heads, kv_heads, head_dim, block_size, window, decode lens, chunks (ctx_len, q_len))
+    HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, WINDOW = 32, 8, 128, 16, 1000
+    DECODE_LENS = [1, 17, 1000, 4096, 2500, 333]
+    CHUNKS = [(512, 512), (4096, 300), (2, 2), (1500, 700)]
+else:
+    HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, WINDOW = 4, 2, 32, 4, 7
+    DECODE_LENS = [1, 5, 33, 64, 97]
+    CHUNKS = [(20, 20), (50, 13), (9, 2)]
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+class Step:
+    """A random paged KV pool, block tables of shuffled block ids, and one step's new tokens:
+    `lens` = (ctx_len, q_len) per sequence, single-token queries first. q, k, v are views into
+    one fused projection (strided), as the model passes them."""
+
+    def __init__(self, lens, heads, kv_heads, head_dim, block_size, window, dtype, seed=0):
+        gen = torch.Generator().manual_seed(seed)
+        need = [-(-ctx // block_size) for ctx, _ in lens]
+        num_blocks = sum(need) + 8
+        shape = (num_blocks, block_size, kv_heads, head_dim)
+        self.k_cache = torch.randn(shape, generator=gen).to(DEVICE, dtype)
+        self.v_cache = torch.randn(shape, generator=gen).to(DEVICE, dtype)
+        ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()  # block 0: padding
+        tables = [ids[sum(need[:i]):sum(need[:i + 1])] for i in range(len(lens))]
+        slots, decode_tables, decode_lens, chunks, t = [], [], [], [], 0
+        for (ctx, n), table in zip(lens, tables):
+            slots += [table[p // block_size] * block_size + p % block_size
+                      for p in range(ctx - n, ctx)]
+            if n == 1:
+                decode_tables.append(table)
+                decode_lens.append(ctx)
+            else:
+                chunks.append(PrefillChunk(t, n, ctx, torch.tensor(table, device=DEVICE)))
+            t += n
+        qkv = torch.randn(t, (heads + 2 * kv_heads) * head_dim, generator=gen).to(DEVICE, dtype)
+        q_size, kv_size = heads * head_dim, kv_heads * head_dim
+        self.q = qkv[:, :q_size].view(t, heads, head_dim)
+        self.k = qkv[:, q_size:q_size + kv_size].view(t, kv_heads, head_dim)
+        self.v = qkv[:, q_size + kv_size:].view(t, kv_heads, head_dim)
+        self.meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, device=DEVICE), num_decode=len(decode_lens),
+            decode_block_tables=None, decode_context_lens=None, decode_mask=None,
+            prefills=chunks, sliding_window=window)
+        if decode_lens:
+            width = max(len(tb) for tb in decode_tables)
+            padded = [tb + [0] * (width - len(tb)) for tb in decode_tables]
+            self.meta.decode_block_tables = torch.tensor(padded, device=DEVICE)
+            self.meta.decode_context_lens = torch.tensor(decode_lens, device=DEVICE)
+        self.scale = head_dim ** -0.5
+
+    def run_triton(self):
+        kc, vc = self.k_cache.clone(), self.v_cache.clone()
+        out = TritonBackend().forward(self.q, self.k, self.v, kc, vc, self.meta, self.scale)
+        return out, kc, vc
+
+    def run_reference(self):
+        """The torch backend in float32 on the same state (a low-precision run is compared with
+        the exact answer, not with another rounding of it)."""
+        meta = dataclasses.replace(self.meta)
+        if meta.num_decode:
+            width = meta.decode_block_tables.shape[1] * self.k_cache.shape[1]
+            meta.decode_mask = decode_mask(meta.decode_context_lens, width, meta.sliding_window)
+        kc, vc = self.k_cache.float(), self.v_cache.float()
+        out = TorchRefBackend().forward(self.q.float(), self.k.float(), self.v.float(), kc, vc,
+                                        meta, self.scale)
+        return out, kc, vc
+
+
+def check(step: Step, dtype):
+    out, kc, vc = step.run_triton()
+    want, want_kc, want_vc = step.run_reference()
+    assert out.dtype == dtype and out.shape == step.q.shape
+    torch.testing.assert_close(kc, want_kc.to(dtype), rtol=0, atol=0)
+    torch.testing.assert_close(vc, want_vc.to(dtype), rtol=0, atol=0)
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.float(), want, rtol=tol, atol=tol)
+
+
+HEAD_LAYOUTS = [pytest.param((HEADS, KV_HEADS), id="gqa"),
+                pytest.param((KV_HEADS, KV_HEADS), id="mha")]
+DTYPES = [pytest.param(torch.float32, id="f32"), pytest.param(torch.bfloat16, id="bf16")]
+WINDOWS = [pytest.param(None, id="full"), pytest.param(WINDOW, id="window")]
+
+
+@pytest.mark.parametrize("heads", HEAD_LAYOUTS)
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode(heads, window, dtype):
+    lens = [(n, 1) for n in DECODE_LENS]
+    check(Step(lens, *heads, HEAD_DIM, BLOCK_SIZE, window, dtype), dtype)
+
+
+@pytest.mark.parametrize("heads", HEAD_LAYOUTS)
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_chunks(heads, window, dtype):
+    check(Step(CHUNKS, *heads, HEAD_DIM, BLOCK_SIZE, window, dtype), dtype)
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_mixed_step(window, dtype):
+    lens = [(n, 1) for n in DECODE_LENS[:3]] + CHUNKS
+    check(Step(lens, HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, window, dtype, seed=1), dtype)
+
+
+@pytest.mark.parametrize("head_dim, block_size, heads",
+                         [(16, 1, (6, 2)), (64, 8, (3, 1)), (96, 16, (4, 2))])
+def test_other_shapes(head_dim, block_size, heads):
+    """Small and non-power-of-two head sizes, a block size of 1, G = 3 (rows of a tile that do
+    not divide evenly into query heads)."""
+    lens = [(n, 1) for n in DECODE_LENS[:3]] + CHUNKS[:2]
+    check(Step(lens, *heads, head_dim, block_size, None, torch.float32, seed=2), torch.float32)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+@pytest.mark.parametrize("window", WINDOWS)
+def test_decode_splits(num_splits, window):
+    """Every split count gives the same answer; splits past a short sequence's end are empty."""
+    step = Step([(n, 1) for n in DECODE_LENS], HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, window,
+                torch.float32, seed=3)
+    meta = step.meta
+    out = torch.empty_like(step.q)
+    paged_decode(step.q, step.k_cache, step.v_cache, meta.decode_block_tables,
+                 meta.decode_context_lens, step.scale, window, out, num_splits=num_splits)
+    width = meta.decode_block_tables.shape[1] * BLOCK_SIZE
+    meta.decode_mask = decode_mask(meta.decode_context_lens, width, window)
+    want = _decode(step.q, step.k_cache, step.v_cache, meta, step.scale)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_store_kv_writes_exactly_the_slots():
+    kc = torch.randn(6, BLOCK_SIZE, 2, 16, device=DEVICE)
+    vc = torch.randn(6, BLOCK_SIZE, 2, 16, device=DEVICE)
+    k = torch.randn(5, 2, 32, device=DEVICE)[:, :, :16]  # strided, like a slice of qkv
+    v = torch.randn(5, 2, 16, device=DEVICE)
+    slots = torch.tensor([3, 4 * BLOCK_SIZE + 1, -1, BLOCK_SIZE, 6 * BLOCK_SIZE - 1], device=DEVICE)
+    want_k, want_v = kc.clone(), vc.clone()
+    real = slots >= 0  # -1: a padding token, written nowhere
+    want_k.view(-1, 2, 16)[slots[real]] = k[real]
+    want_v.view(-1, 2, 16)[slots[real]] = v[real]
+    store_kv(k, v, kc, vc, slots)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
