@@ -90,6 +90,8 @@ def run(args) -> int:
                      "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
                      "kv_bytes_per_token": kv_per_token, "rounds": rounds, "summary": summary})
     if args.baseline == "transformers":
+        if args.output:  # nextok's numbers are kept even if the baseline's compile is cut short
+            write_json(args.output, result)
         result["transformers"] = hf_batch1(main.config, args.input_len, args.output_len, device)
     _print(result)
     if args.output:
