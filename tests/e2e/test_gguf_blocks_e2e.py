@@ -15,8 +15,8 @@ def test_blocks_equal_dequantized_greedy(make_llm):
     assert not any(isinstance(m, BlockOrDenseLinear) for m in dense.engine.runner.model.modules())
     sp = SamplingParams(temperature=0.0, max_tokens=32)
     same = 0
-    for prompt in PROMPTS[:20]:  # one at a time: every decode step takes the block path
-        a = blocks.generate([prompt], sp)[0].outputs[0].token_ids
-        b = dense.generate([prompt], sp)[0].outputs[0].token_ids
-        same += a == b
+    for i in range(0, 20, 5):  # decode steps of <= 5 rows: every one takes the block path
+        a = blocks.generate(PROMPTS[i:i + 5], sp)
+        b = dense.generate(PROMPTS[i:i + 5], sp)
+        same += sum(x.outputs[0].token_ids == y.outputs[0].token_ids for x, y in zip(a, b))
     assert same >= 18, f"only {same} of 20 prompts gave the same greedy tokens"

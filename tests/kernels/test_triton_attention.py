@@ -70,9 +70,9 @@ class Step:
             self.meta.decode_context_lens = torch.tensor(decode_lens, device=DEVICE)
         self.scale = head_dim ** -0.5
 
-    def run_triton(self):
+    def run_triton(self, backend=None):
         kc, vc = self.k_cache.clone(), self.v_cache.clone()
-        out = TritonBackend().forward(self.q, self.k, self.v, kc, vc, self.meta, self.scale)
+        out = (backend or TritonBackend()).forward(self.q, self.k, self.v, kc, vc, self.meta, self.scale)
         return out, kc, vc
 
     def run_reference(self):
@@ -88,8 +88,8 @@ class Step:
         return out, kc, vc
 
 
-def check(step: Step, dtype):
-    out, kc, vc = step.run_triton()
+def check(step: Step, dtype, backend=None):
+    out, kc, vc = step.run_triton(backend)
     want, want_kc, want_vc = step.run_reference()
     assert out.dtype == dtype and out.shape == step.q.shape
     torch.testing.assert_close(kc, want_kc.to(dtype), rtol=0, atol=0)
@@ -117,6 +117,14 @@ def test_decode(heads, window, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_prefill_chunks(heads, window, dtype):
     check(Step(CHUNKS, *heads, HEAD_DIM, BLOCK_SIZE, window, dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fresh_chunks_through_the_paged_kernel_too(dtype):
+    # The backend gives chunks without a cached prefix to SDPA; the paged kernel must still be
+    # right for them (it takes them when SDPA is switched off, and under a sliding window).
+    check(Step(CHUNKS, HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, None, dtype), dtype,
+          TritonBackend(sdpa_for_fresh_chunks=False))
 
 
 @pytest.mark.parametrize("window", WINDOWS)
