@@ -7,7 +7,8 @@ Per batch size b, with fresh random prompts each time (so the prefix cache never
 The roofline of a decode step is (weight bytes a step reads + KV bytes it reads) over the
 measured device copy bandwidth (bytes read + written by a large tensor copy). Weight bytes are
 what a decode step reads: every linear and norm weight, and the lm_head; an untied embedding
-table is only indexed (b rows), so it is left out (`param_bytes` has all parameters).
+table is only indexed (b rows), so it is left out (`param_bytes` has all weights). On CPU, linears
+kept as GGUF blocks count their blocks (what steps of up to 8 rows read).
 
 `--also-eager` builds a second engine with --enforce-eager and interleaves the two per round;
 `--baseline transformers` times transformers' batch-1 decode eagerly and with its best path, a
@@ -69,7 +70,7 @@ def run(args) -> int:
     bw = copy_bandwidth(device)
     mc = main.config.model
     kv_per_token = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * _elem(main.config.dtype)
-    weights = decode_weight_bytes(model)
+    weights = weight_bytes(model, decode=True)
     summary = {}
     for name in engines:
         summary[name] = {}
@@ -87,7 +88,7 @@ def run(args) -> int:
                      "cuda_graphs": main.runner.graphs is not None,
                      "input_len": args.input_len, "output_len": args.output_len,
                      "copy_bandwidth_GBps": bw / 1e9, "weight_bytes_per_step": weights,
-                     "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+                     "param_bytes": weight_bytes(model, decode=False),
                      "kv_bytes_per_token": kv_per_token, "rounds": rounds, "summary": summary})
     if args.baseline == "transformers":
         if args.output:  # nextok's numbers are kept even if the baseline's compile is cut short
@@ -126,29 +127,45 @@ def _step_times(llm, prompts, b: int, new: int, device) -> dict:
 
 
 def copy_bandwidth(device: torch.device) -> float:
-    """Bytes read + written per second by a 1 GiB (CPU: 256 MiB) tensor copy; median of 10."""
-    n = (1 << 30) if device.type == "cuda" else (1 << 28)
-    x = torch.ones(n, dtype=torch.uint8, device=device)
-    y = torch.empty_like(x)
-    times = []
-    for i in range(13):
-        _sync(device)
-        t = time.perf_counter()
-        y.copy_(x)
-        _sync(device)
-        if i >= 3:
-            times.append(time.perf_counter() - t)
-    return 2 * n / statistics.median(times)
+    """Bytes read + written per second by a 1 GiB (CPU: 256 MiB) tensor copy (bench kernels' timer)."""
+    from nextok.bench.kernels import Timer
+
+    nbytes = (1 << 30) if device.type == "cuda" else (1 << 28)
+    return Timer(device, iters=10, warmup=3).copy_bandwidth(nbytes) * 1e9
 
 
-def decode_weight_bytes(model) -> int:
-    """Bytes of weights one decode step reads: every parameter but an untied embedding table
-    (a lookup reads b rows of it); a tied one counts once, as the lm_head."""
+def weight_bytes(model, decode: bool) -> int:
+    """Bytes of the model's weights; with decode=True only what one decode step of up to 8 rows
+    reads: an untied embedding table is only indexed (b rows), so it is left out (a tied one
+    counts once, as the lm_head), and linears kept as GGUF blocks count their blocks."""
+    from torch import nn
+
+    from nextok.kernels.cpu_gguf_linear import BlockOrDenseLinear
+    from nextok.kernels.cpu_linear import PackedLinear
+
+    elem = model.embed_tokens.weight.element_size()
     total = 0
-    for name, p in model.named_parameters():
-        if name.startswith("embed_tokens") and model.lm_head is not None:
-            continue
-        total += p.numel() * p.element_size()
+
+    tied = model.config.tie_word_embeddings
+
+    def walk(module):
+        nonlocal total
+        if module is model.lm_head and tied and not decode:
+            return  # the embedding's own copy (CPU packs it as the lm_head): counted once
+        if isinstance(module, BlockOrDenseLinear) and decode:
+            total += module.blocks.blocks.numel()
+        elif isinstance(module, (PackedLinear, BlockOrDenseLinear)):  # no parameters of their own
+            total += module.in_features * module.out_features * elem
+        elif isinstance(module, nn.Embedding):
+            total += 0 if decode else module.weight.numel() * elem
+        else:
+            total += sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
+            for child in module.children():
+                walk(child)
+
+    walk(model)
+    if decode and model.lm_head is None:  # tied, unpacked: compute_logits reads the embedding
+        total += model.embed_tokens.weight.numel() * elem
     return total
 
 
