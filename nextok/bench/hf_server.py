@@ -232,9 +232,9 @@ def load_model(path: str, dtype: str):
     """The model through transformers' own loader (the helper `nextok bench throughput` uses)."""
     from types import SimpleNamespace
 
-    from nextok.bench.throughput import _load_hf
+    from nextok.bench.throughput import load_hf
 
-    return _load_hf(SimpleNamespace(model_path=path, dtype=dtype, device="cpu"))
+    return load_hf(SimpleNamespace(model_path=path, dtype=dtype, device="cpu", load_format="auto"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,6 @@ static cache and torch.compile(mode="reduce-overhead") (CUDA only; it compiles f
 """
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
@@ -171,16 +170,10 @@ def weight_bytes(model, decode: bool) -> int:
 
 def hf_batch1(config, input_len: int, new: int, device: torch.device) -> dict:
     """transformers' batch-1 decode ms/token: eager generate(), then static cache + torch.compile."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from nextok.bench.throughput import load_hf
 
-    dtype = getattr(torch, config.dtype)
-    path = config.model_path
-    if path.endswith(".gguf"):
-        hf_cfg = AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-    else:
-        hf_cfg = AutoConfig.from_pretrained(os.path.dirname(path) if os.path.isfile(path) else path)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype).eval()
+    model = load_hf(config)
+    hf_cfg = model.config
     ids = torch.randint(100, hf_cfg.vocab_size - 1, (1, input_len), device=device)
 
     def per_token() -> float:

@@ -44,7 +44,7 @@ def run(args) -> int:
     prompts = datasets.build(args.dataset, llm.get_tokenizer(), args.num_prompts, args.input_len,
                              args.dataset_seed)
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
-    hf = _load_hf(eng.config) if args.baseline == "transformers" else None
+    hf = load_hf(eng.config) if args.baseline == "transformers" else None
     sizes = [int(b) for b in args.baseline_batch_sizes.split(",") if b.strip()]
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
     if hf is not None:
@@ -93,7 +93,8 @@ def _nextok_single(llm, prompt, params) -> dict:
 
 
 # ---- transformers baseline --------------------------------------------------------------------
-def _load_hf(config):
+def load_hf(config):
+    """transformers' model of the engine's checkpoint (dummy: random weights, same shapes)."""
     import os
 
     import torch

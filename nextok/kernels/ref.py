@@ -13,19 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """rms_norm(x) * weight exactly as RMSNorm._norm computes it. x: [T, D]."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)
-    normed = F.rms_norm(x.float(), weight.shape, None, eps)
-    return weight * normed.to(x.dtype)
-
-
-def rotate_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, D]; cos, sin: [T, 1, D/2] -> rotated copy (RotaryEmbedding.rotate)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+from nextok.model.layers import RotaryEmbedding, rms_norm
 
 
 class RefFusedOps:
@@ -52,4 +40,4 @@ class RefFusedOps:
         t = qkv.shape[0]
         heads = qkv[:, :num_heads * head_dim].view(t, num_heads, head_dim)
         cos, sin = cos.reshape(t, 1, head_dim // 2), sin.reshape(t, 1, head_dim // 2)
-        heads.copy_(rotate_neox(heads, cos, sin))
+        heads.copy_(RotaryEmbedding.rotate(heads, cos, sin))

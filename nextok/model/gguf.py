@@ -212,18 +212,21 @@ class GGUFFile:
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, float32 tensor in HF layout), one tensor read at a time. Names and the
         architecture are checked now, before the first weight is read."""
-        _, permuted = self._arch()
         names = [(info, self.hf_name(name)) for name, info in self.tensor_infos.items()]
-        heads = {"attn_q": int(self._key("attention.head_count", required=True))}
-        heads["attn_k"] = int(self._key("attention.head_count_kv", heads["attn_q"]))
-        return self._iter([(i, n) for i, n in names if n], heads if permuted else {})
+        return self._iter([(i, n) for i, n in names if n], self._permuted_heads())
+
+    def _permuted_heads(self) -> dict[str, int]:
+        """Tensor kind -> head count, for the kinds whose rows llama.cpp's converter permuted."""
+        _, permuted = self._arch()
+        if not permuted:
+            return {}
+        q = int(self._key("attention.head_count", required=True))
+        return {"attn_q": q, "attn_k": int(self._key("attention.head_count_kv", q))}
 
     def blocks(self, type_ids: tuple[int, ...]) -> Iterator[tuple[str, int, torch.Tensor]]:
         """(HF name, ggml type, raw blocks [rows, row bytes] uint8) of the 2-D tensors stored in
         one of `type_ids`, rows in HF order (a Q/K row permutation moves whole rows of blocks)."""
-        _, permuted = self._arch()
-        heads = {"attn_q": int(self._key("attention.head_count", required=True))}
-        heads["attn_k"] = int(self._key("attention.head_count_kv", heads["attn_q"]))
+        heads = self._permuted_heads()
         todo = [(info, self.hf_name(name)) for name, info in self.tensor_infos.items()
                 if info.type_id in type_ids and len(info.shape) == 2]
         with open(self.path, "rb") as f:
@@ -232,7 +235,7 @@ class GGUFFile:
                     continue
                 raw = torch.from_numpy(self._read(info, f)).view(info.shape[0], -1)
                 kind = info.name.split(".")[2] if info.name.startswith("blk.") else ""
-                if permuted and kind in heads:
+                if kind in heads:
                     raw = unpermute_rows(raw, heads[kind])
                 yield hf_name, info.type_id, raw
 

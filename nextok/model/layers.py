@@ -34,13 +34,17 @@ class RMSNorm(nn.Module):
         return self._norm(residual), residual
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        # torch's fused rms_norm (one pass instead of six ops: 2.4x faster at 2048 tokens on CPU).
-        # Below float32 the statistics are taken in float32 and the weight applied after the
-        # cast back, exactly as the reference implementations do.
-        if x.dtype == torch.float32:
-            return nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        normed = nn.functional.rms_norm(x.float(), self.weight.shape, None, self.eps)
-        return self.weight * normed.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm(x) * weight, x: [T, D]. torch's fused rms_norm (one pass instead of six ops: 2.4x
+    faster at 2048 tokens on CPU). Below float32 the statistics are taken in float32 and the
+    weight applied after the cast back, exactly as the reference implementations do."""
+    if x.dtype == torch.float32:
+        return nn.functional.rms_norm(x, weight.shape, weight, eps)
+    normed = nn.functional.rms_norm(x.float(), weight.shape, None, eps)
+    return weight * normed.to(x.dtype)
 
 
 def rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
