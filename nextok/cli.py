@@ -41,6 +41,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="CUDA: no CUDA graphs (every decode step launches its kernels one by one)")
     g.add_argument("--cuda-graph-max-batch", type=int, default=256,
                    help="CUDA: largest decode batch replayed from a captured graph")
+    g.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"],
+                   help="launch each step before the host has collected the previous one "
+                        "(auto: on for CUDA, off on CPU)")
     g.add_argument("--no-gguf-blocks", dest="gguf_blocks", action="store_false",
                    help="CPU: keep GGUF weights only dequantized to float32 (default: decode steps "
                         "read Q4_1/Q8_0 weights as their blocks)")

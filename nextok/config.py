@@ -107,3 +107,5 @@ class EngineConfig:
     # CUDA: decode steps of up to cuda_graph_max_batch sequences replay captured graphs
     enforce_eager: bool = False
     cuda_graph_max_batch: int = 256
+    # Launch step N+1 before collecting step N (engine.py); resolved from "auto": on for CUDA.
+    async_scheduling: bool = False

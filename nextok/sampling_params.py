@@ -83,3 +83,9 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5
+
+    @property
+    def needs_token_history(self) -> bool:
+        """Do this request's logits depend on the tokens so far (the penalties)? Such a request
+        samples with every earlier token known, so async scheduling waits for each step."""
+        return self.repetition_penalty != 1.0 or bool(self.frequency_penalty) or bool(self.presence_penalty)

@@ -10,7 +10,11 @@ what a decode step reads: every linear and norm weight, and the lm_head; an unti
 table is only indexed (b rows), so it is left out (`param_bytes` has all weights). On CPU, linears
 kept as GGUF blocks count their blocks (what steps of up to 8 rows read).
 
-`--also-eager` builds a second engine with --enforce-eager and interleaves the two per round;
+`--also-eager` builds a second engine with --enforce-eager and `--also-sync` one with
+--async-scheduling off; they run interleaved with the main engine, round by round. With CUDA
+graphs, each batch size also gets its device-only time: the captured step replayed back to back
+plus the lm_head and argmax (no host work in between), the floor that overlapping host work with
+the GPU can reach.
 `--baseline transformers` times transformers' batch-1 decode eagerly and with its best path, a
 static cache and torch.compile(mode="reduce-overhead") (CUDA only; it compiles for a minute or two).
 """
@@ -31,6 +35,8 @@ def add_parser(sub, add_engine_args) -> None:
     p.add_argument("--output-len", type=int, default=64, help="decode steps timed per run")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (median reported)")
     p.add_argument("--also-eager", action="store_true", help="also time an --enforce-eager engine")
+    p.add_argument("--also-sync", action="store_true",
+                   help="also time an engine with --async-scheduling off")
     p.add_argument("--baseline", default="none", choices=["none", "transformers"])
     p.add_argument("--output", default=None, help="write results JSON here")
     add_engine_args(p)
@@ -48,6 +54,8 @@ def run(args) -> int:
     engines = {"nextok": LLM(**kwargs)}
     if args.also_eager:
         engines["nextok_eager"] = LLM(**{**kwargs, "enforce_eager": True})
+    if args.also_sync:
+        engines["nextok_sync"] = LLM(**{**kwargs, "async_scheduling": "off"})
     main = engines["nextok"].engine
     device = torch.device(main.config.device)
     model = main.runner.model
@@ -81,6 +89,10 @@ def run(args) -> int:
             summary[name][str(b)] = {"decode_step_ms": decode, "prefill_ms": prefill,
                                      "roofline_ms": roof_ms, "fraction_of_roofline": roof_ms / decode,
                                      "decode_tokens_per_s": b / decode * 1e3}
+            if name == "nextok" and main.runner.graphs is not None:
+                dev_ms = device_step_ms(main.runner, b, int(ctx))
+                summary[name][str(b)].update(device_only_step_ms=dev_ms,
+                                             device_only_fraction_of_roofline=roof_ms / dev_ms)
     result = header({"benchmark": "latency", "device": main.config.device, "dtype": main.config.dtype,
                      "model": main.config.model_path, "load_format": main.config.load_format,
                      "attention_backend": main.config.attention_backend,
@@ -123,6 +135,35 @@ def _step_times(llm, prompts, b: int, new: int, device) -> dict:
     prefill = _time_generate(llm, prompts(b), 1, device)
     full = _time_generate(llm, prompts(b), 1 + new, device)
     return {"prefill_ms": prefill * 1e3, "decode_step_ms": (full - prefill) / new * 1e3}
+
+
+@torch.inference_mode()
+def device_step_ms(runner, b: int, ctx: int, iters: int = 30) -> float:
+    """A decode step of b sequences at context ctx with no host work between steps: the
+    captured graph replayed back to back, each followed by the lm_head and argmax. The block
+    tables point at blocks 1.. of the (idle) pool, so attention reads ctx real positions."""
+    graphs, bs = runner.graphs, runner.block_size
+    nblocks, dev = -(-ctx // bs), runner.device
+    # All inputs on the device already: the replays' input copies are device to device.
+    tables = torch.arange(b * nblocks, dtype=torch.long, device=dev).view(b, nblocks) % (
+        runner.kv_caches[0][0].shape[0] - 1) + 1
+    ids = torch.zeros(b, dtype=torch.long, device=dev)
+    pos = torch.full((b,), ctx - 1, dtype=torch.long, device=dev)
+    slots = tables[:, -1] * bs + (ctx - 1) % bs
+    lens = torch.full((b,), ctx, dtype=torch.long, device=dev)
+
+    def step():
+        hidden = graphs.run(ids, pos, slots, tables, lens)
+        return runner.model.compute_logits(hidden).argmax(-1)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / iters * 1e3
 
 
 def copy_bandwidth(device: torch.device) -> float:
@@ -207,6 +248,8 @@ def _print(result: dict) -> None:
         for b, r in rows.items():
             print(f"{name:>13} batch {b:>3}: decode step {r['decode_step_ms']:8.2f} ms "
                   f"(roofline {r['roofline_ms']:.2f} ms, {r['fraction_of_roofline'] * 100:5.1f} %), "
-                  f"prefill {r['prefill_ms']:8.1f} ms")
+                  f"prefill {r['prefill_ms']:8.1f} ms"
+                  + (f", device-only step {r['device_only_step_ms']:.2f} ms"
+                     if "device_only_step_ms" in r else ""))
     if "transformers" in result:
         print("transformers batch 1:", {k: round(v, 2) for k, v in result["transformers"].items()})

@@ -26,6 +26,9 @@ def add_parser(sub, add_engine_args) -> None:
     p.add_argument("--baseline-batch-sizes", default="8,16,32,64")
     p.add_argument("--baseline-prompts", type=int, default=4,
                    help="prompts for the one-at-a-time baseline (it is a rate)")
+    p.add_argument("--baseline-padded-prompts", type=int, default=None,
+                   help="prompts for each padded-batch baseline run (default: all; equal-length "
+                        "prompts make every batch alike, so a whole number of batches gives the rate)")
     p.add_argument("--repeats", type=int, default=1, help="interleaved rounds")
     p.add_argument("--dataset-seed", type=int, default=0)
     p.add_argument("--output", default=None, help="write results JSON here")
@@ -58,8 +61,9 @@ def run(args) -> int:
             rnd["transformers_one_at_a_time"] = _hf_batches(hf, prompts[:args.baseline_prompts], 1,
                                                             args.output_len)
             rnd["transformers_batch1_decode"] = _hf_decode_rate(hf, prompts[0], args.output_len)
+            padded = prompts[:args.baseline_padded_prompts] if args.baseline_padded_prompts else prompts
             rnd["transformers_padded"] = {
-                str(b): _hf_batches(hf, prompts, b, args.output_len) for b in sizes}
+                str(b): _hf_batches(hf, padded, b, args.output_len) for b in sizes}
         rounds.append(rnd)
     result = header({"benchmark": "throughput", "device": eng.config.device,
                      "dtype": eng.config.dtype, "model": eng.config.model_path,

@@ -125,6 +125,8 @@ class BlockManager:
         bs = self.block_size
         if num_computed is None:
             num_computed = seq.num_computed_tokens
+        # A block holding a PENDING token (async scheduling) waits until the token is known.
+        num_computed = min(num_computed, seq.num_resolved_tokens)
         num_full = min(num_computed // bs, len(seq.block_table))
         parent = seq.block_hashes[-1] if seq.block_hashes else None
         for i in range(len(seq.block_hashes), num_full):

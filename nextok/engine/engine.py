@@ -1,9 +1,16 @@
 """The engine loop: requests in, one batched model step at a time, outputs out.
 
-    step(): scheduler.schedule() -> runner.execute() -> scheduler.update() -> detokenize -> outputs
+    step(): scheduler.schedule() -> runner.launch() -> scheduler.advance()
+            -> runner.collect() -> scheduler.resolve() -> detokenize -> outputs
+
+With async scheduling (default on CUDA) a step launches step N+1 before it collects step N, so
+the host's work (collecting, detokenizing, scheduling, preparing inputs) runs while the GPU
+computes instead of leaving it idle between steps: `step()` returns step N's outputs. A request
+with penalties needs every earlier token on the host, so while one runs the engine collects each
+step before scheduling the next, as it always does without async scheduling.
 
 The engine sees token ids; prompt strings are tokenized here only as a convenience for the
-offline API. Everything is synchronous and single-threaded; `AsyncEngine` (server) wraps it.
+offline API. Single-threaded; `AsyncEngine` (server) wraps it.
 """
 from __future__ import annotations
 
@@ -54,6 +61,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.block_manager, mc.eos_token_ids,
                                    mc.sliding_window)
         self.requests: dict[str, _Request] = {}
+        self._inflight = None  # (SchedulerOutput, LaunchedStep) launched but not collected yet
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
@@ -111,21 +119,42 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        outputs: list[RequestOutput] = []
+        overlap = self.config.async_scheduling and not any(
+            s.params.needs_token_history for s in self.scheduler.running)
+        if self._inflight is not None and not overlap:
+            outputs += self._finish_step(*self._inflight)
+            self._inflight = None
         sched = self.scheduler.schedule()
-        if sched.is_empty:
-            return []
-        started = time.monotonic()
-        for item in sched.scheduled:
-            req = self.requests.get(item.seq.request_id)
-            if req is not None:
-                req.metrics.setdefault("scheduled", started)  # queue time ends here
-        model_out = self.runner.execute(sched)
-        self.scheduler.update(sched, model_out.sampled)
+        launched = None
+        if not sched.is_empty:
+            started = time.monotonic()
+            for item in sched.scheduled:
+                req = self.requests.get(item.seq.request_id)
+                if req is not None:
+                    req.metrics.setdefault("scheduled", started)  # queue time ends here
+            launched = (sched, self.runner.launch(sched))
+            self.scheduler.advance(sched)
+        if self._inflight is not None:  # collected while the step just launched runs
+            outputs += self._finish_step(*self._inflight)
+            self._inflight = None
+        if launched is not None:
+            if overlap:
+                self._inflight = launched
+            else:
+                outputs += self._finish_step(*launched)
+        return outputs
+
+    def _finish_step(self, sched, launched) -> list[RequestOutput]:
+        """Collect a launched step's tokens; detokenize, check stops, build outputs."""
+        model_out = self.runner.collect(launched)
+        # A sequence that ended (or was aborted) after this step was launched drops its token.
+        live = [it.seq for it in sched.scheduled if it.samples and not it.seq.is_finished]
+        self.scheduler.resolve(sched, model_out.sampled)
         now = time.monotonic()
         touched: dict[str, _Request] = {}
         failed: dict[str, str] = {}
-        for item in sched.scheduled:
-            seq = item.seq
+        for seq in live:
             token = model_out.sampled.get(seq.seq_id)
             req = self.requests.get(seq.request_id)
             if token is None or req is None or req.request_id in failed:

@@ -44,6 +44,7 @@ class EngineArgs:
     attention_backend: str = "auto"
     enforce_eager: bool = False
     cuda_graph_max_batch: int = 256
+    async_scheduling: str = "auto"  # auto (on for CUDA) | on | off
     download: bool = True
 
 
@@ -83,7 +84,8 @@ def create_engine(args: EngineArgs):
         device=device, dtype=dtype, load_format=ckpt.format, seed=args.seed,
         num_threads=args.num_threads, cpu_kernels=args.cpu_kernels, gguf_blocks=args.gguf_blocks,
         attention_backend=_attention_backend(args.attention_backend, device),
-        enforce_eager=args.enforce_eager, cuda_graph_max_batch=args.cuda_graph_max_batch)
+        enforce_eager=args.enforce_eager, cuda_graph_max_batch=args.cuda_graph_max_batch,
+        async_scheduling=_async_scheduling(args.async_scheduling, device))
     weights = None if ckpt.format == "dummy" else ckpt.weights()
     runner = ModelRunner(config, weights, max_len, ckpt.blocks)
     num_blocks = _num_blocks(config, runner)
@@ -94,6 +96,16 @@ def create_engine(args: EngineArgs):
              os.path.basename(path), model_config.architecture, device, dtype, num_blocks,
              args.block_size, max_len)
     return LLMEngine(config, tokenizer, runner, num_blocks, max_len)
+
+
+def _async_scheduling(mode: str, device: str) -> bool:
+    """auto: on for CUDA, where the GPU would otherwise idle while the host works between steps;
+    off on CPU, where the host *is* the device and there is nothing to overlap."""
+    if isinstance(mode, bool):  # LLM(async_scheduling=True)
+        return mode
+    if mode not in ("auto", "on", "off"):
+        raise NextokError(f"--async-scheduling must be auto, on or off, got {mode!r}")
+    return device == "cuda" if mode == "auto" else mode == "on"
 
 
 def _attention_backend(name: str, device: str) -> str:

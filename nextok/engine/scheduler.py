@@ -3,6 +3,12 @@
 Data in, data out: `schedule() -> SchedulerOutput`, then `update(output, sampled)`. No tensors,
 no device, so unit tests drive it with a fake model in milliseconds.
 
+`update` is two halves, which async scheduling calls apart: `advance` once the step is launched
+(the KV is being computed; each sampling sequence gets a PENDING token) and `resolve` once its
+sampled tokens reach the host. In between, the next step may already be scheduled: a sequence
+whose last token is PENDING decodes it (the runner takes it from the device), except one that
+this token will surely end by length.
+
 Policy (FCFS, as vLLM v1):
 1. Running sequences first, in arrival order: each gets the tokens it still has to compute
    (1 for decode, the rest of its prompt for a chunked prefill) within the budget. If the KV
@@ -19,7 +25,7 @@ from dataclasses import dataclass, field
 
 from nextok.config import SchedulerConfig
 from nextok.engine.block_manager import BlockManager
-from nextok.engine.sequence import Sequence, SequenceStatus
+from nextok.engine.sequence import PENDING, Sequence, SequenceStatus
 
 
 @dataclass
@@ -81,6 +87,7 @@ class Scheduler:
         else:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
+        seq.drop_pending()  # tokens of steps still running are dropped with the sequence
         seq.status = status
 
     def has_unfinished(self) -> bool:
@@ -100,6 +107,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.num_pending and self._ends_by_length(seq, seq.num_tokens):
+                i += 1  # its PENDING token is its last: nothing more to compute
+                continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if self.sliding_window is not None:
                 bm.free_outside_window(seq, self.sliding_window)
@@ -120,6 +130,8 @@ class Scheduler:
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.num_pending:  # preempted while its step ran: recompute once its token is known
+                break
             cached_ids, cached_hashes = bm.find_cached_prefix(seq)
             num_cached = len(cached_ids) * bm.block_size
             n = seq.num_tokens - num_cached
@@ -154,17 +166,34 @@ class Scheduler:
 
         Returns the sequences that finished this step (EOS, stop token, length).
         """
-        finished = []
+        self.advance(out)
+        return self.resolve(out, sampled)
+
+    def advance(self, out: SchedulerOutput) -> None:
+        """The step is launched: its KV counts as computed, each sampling sequence gets a PENDING
+        token (what the step will sample)."""
         for item in out.scheduled:
             seq = item.seq
-            if seq.is_finished:  # aborted while the step ran
+            if seq.is_finished:  # aborted
                 continue
             seq.num_computed_tokens = item.start + item.num_new_tokens
             self.block_manager.cache_full_blocks(seq)
-            if not item.samples:
+            if item.samples:
+                seq.token_ids.append(PENDING)
+                seq.num_pending += 1
+
+    def resolve(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
+        """The step's tokens are known: each replaces its sequence's oldest PENDING token.
+        Returns the sequences that finished (EOS, stop token, length)."""
+        finished = []
+        for item in out.scheduled:
+            seq = item.seq
+            if not item.samples or seq.is_finished:  # finished (or aborted) meanwhile
                 continue
             token = sampled[seq.seq_id]
-            seq.token_ids.append(token)
+            seq.token_ids[seq.num_resolved_tokens] = token
+            seq.num_pending -= 1
+            self.block_manager.cache_full_blocks(seq)
             status = self._check_stop(seq, token)
             if status is not None:
                 self.finish(seq, status)
@@ -172,15 +201,22 @@ class Scheduler:
         return finished
 
     def _check_stop(self, seq: Sequence, token: int) -> SequenceStatus | None:
+        """Does `token`, the newest resolved one, end `seq`?"""
         params = seq.params
-        if seq.num_output_tokens >= params.min_tokens:
+        num_output = seq.num_resolved_tokens - seq.num_prompt_tokens
+        if num_output >= params.min_tokens:
             if token in params.stop_token_ids:
                 seq.stop_reason = token
                 return SequenceStatus.FINISHED_STOPPED
             if token in self.eos_token_ids and not params.ignore_eos:
                 return SequenceStatus.FINISHED_STOPPED
-        if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
-            return SequenceStatus.FINISHED_LENGTH
-        if seq.num_tokens >= self.max_seq_len:
+        if self._ends_by_length(seq, seq.num_resolved_tokens):
             return SequenceStatus.FINISHED_LENGTH
         return None
+
+    def _ends_by_length(self, seq: Sequence, num_tokens: int) -> bool:
+        """Does a sequence of `num_tokens` tokens (prompt included) end by length?"""
+        max_tokens = seq.params.max_tokens
+        if max_tokens is not None and num_tokens - seq.num_prompt_tokens >= max_tokens:
+            return True
+        return num_tokens >= self.max_seq_len

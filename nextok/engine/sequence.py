@@ -25,6 +25,7 @@ class SequenceStatus(enum.Enum):
 
 
 _seq_counter = itertools.count()
+PENDING = -1  # stands for a sampled token still on the device (async scheduling)
 
 
 class Sequence:
@@ -46,6 +47,10 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None
+        # Trailing tokens of token_ids that are PENDING: sampled by a step still running on the
+        # device. The scheduler may schedule the next step of the sequence before it knows them
+        # (the runner takes the token from the device); 0 without async scheduling.
+        self.num_pending = 0
 
     @property
     def num_tokens(self) -> int:
@@ -53,11 +58,22 @@ class Sequence:
 
     @property
     def num_output_tokens(self) -> int:
+        """Generated so far, PENDING ones included."""
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
+    def num_resolved_tokens(self) -> int:
+        return len(self.token_ids) - self.num_pending
+
+    @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        """The generated tokens known on the host (no PENDING ones)."""
+        return self.token_ids[self.num_prompt_tokens:self.num_resolved_tokens]
+
+    def drop_pending(self) -> None:
+        if self.num_pending:
+            del self.token_ids[-self.num_pending:]
+            self.num_pending = 0
 
     @property
     def prompt_token_ids(self) -> list[int]:

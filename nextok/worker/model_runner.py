@@ -14,6 +14,7 @@ from nextok.attention.base import AttentionMetadata, PrefillChunk
 from nextok.attention.torch_ref import TorchRefBackend, decode_mask
 from nextok.config import EngineConfig
 from nextok.engine.scheduler import ScheduledSeq, SchedulerOutput
+from nextok.engine.sequence import PENDING
 from nextok.model.registry import model_class
 from nextok.worker.sampler import Sampler, SamplingMetadata
 
@@ -31,6 +32,14 @@ class SeqLogprobs:
 class ModelOutput:
     sampled: dict[int, int] = field(default_factory=dict)  # seq_id -> token id
     logprobs: dict[int, SeqLogprobs] = field(default_factory=dict)  # for seqs that asked
+
+
+@dataclass
+class LaunchedStep:
+    """A step whose work is queued on the device; `collect` waits for its results."""
+    seqs: list  # the sampling sequences, in the row order of the results
+    results: dict[str, torch.Tensor]  # sampled [S], logprobs [S], top_ids / top_logprobs [S, K]
+    done: object = None  # a CUDA event recorded after the copies to (pinned) host memory
 
 
 class ModelRunner:
@@ -67,6 +76,10 @@ class ModelRunner:
         self.generators: dict[int, torch.Generator] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = config.cache.block_size
+        # The last launched step's sampled tokens on the device, and each sampling sequence's
+        # row in them: the next step's PENDING input tokens are taken from there.
+        self._last_sampled: torch.Tensor | None = None
+        self._last_rows: dict[int, int] = {}
 
     def _make_backend(self):
         if self.config.attention_backend == "triton":
@@ -124,21 +137,63 @@ class ModelRunner:
             self.generators.pop(sid, None)
 
     # ---- one step ------------------------------------------------------------------------
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelOutput:
+        return self.collect(self.launch(out))
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput) -> LaunchedStep:
+        """Queue the step's work on the device (model, logits, sampler, copies of the results
+        to the host) without waiting for it. A PENDING input token is the previous launch's
+        sampled token for that sequence, taken on the device."""
         # Single-token queries first (one batched attention call), then multi-token chunks.
         items = sorted(out.scheduled, key=lambda s: s.num_new_tokens != 1)
-        host, prefills, sample_rows, sample_items = self._prepare(items)
+        host, prefills, sample_rows, sample_items, pending = self._prepare(items)
+        input_ids = self._input_ids(host["ids"], pending)
         n = len(host["ids"])
         if self.graphs is not None and self.graphs.fits(n, len(host["lens"]), len(prefills)):
-            hidden = self.graphs.run(host["ids"], host["pos"], host["slots"], host["tables"], host["lens"])
+            hidden = self.graphs.run(input_ids, host["pos"], host["slots"], host["tables"], host["lens"])
         else:
-            input_ids, positions, meta = self._device_inputs(host, prefills)
+            positions, meta = self._device_inputs(host, prefills)
             hidden = self.model(input_ids, positions, self.kv_caches, meta)
-        if not sample_items:
+        seqs = [it.seq for it in sample_items]
+        self._last_sampled, self._last_rows = None, {}
+        if not seqs:
+            return LaunchedStep([], {})
+        if sample_rows != list(range(n)):
+            hidden = hidden.index_select(0, self._to_device(sample_rows))
+        logits = self.model.compute_logits(hidden)  # [S, V]
+        res = self.sampler(logits, self._sampling_metadata(seqs, logits.shape[-1]))
+        self._last_sampled, self._last_rows = res.sampled, {s.seq_id: i for i, s in enumerate(seqs)}
+        results = {"sampled": res.sampled}
+        if res.logprobs is not None:
+            results["logprobs"] = res.logprobs
+            if res.top_ids is not None:
+                results.update(top_ids=res.top_ids, top_logprobs=res.top_logprobs)
+        if self.device.type != "cuda":
+            return LaunchedStep(seqs, results)
+        results = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True).copy_(v, non_blocking=True)
+                   for k, v in results.items()}
+        done = torch.cuda.Event()
+        done.record()
+        return LaunchedStep(seqs, results, done)
+
+    def collect(self, step: LaunchedStep) -> ModelOutput:
+        """Wait for a launched step's results and hand them over as Python values."""
+        if step.done is not None:
+            step.done.synchronize()
+        if not step.seqs:
             return ModelOutput()
-        logits = self.model.compute_logits(hidden[sample_rows])  # [S, V]
-        return self._sample(logits, sample_items)
+        res = {k: v.tolist() for k, v in step.results.items()}
+        out = ModelOutput(sampled={s.seq_id: t for s, t in zip(step.seqs, res["sampled"])})
+        if "logprobs" in res:
+            top_ids, top_lps = res.get("top_ids"), res.get("top_logprobs")
+            for i, s in enumerate(step.seqs):
+                k = s.params.logprobs
+                if k is None:
+                    continue
+                top = list(zip(top_ids[i][:k], top_lps[i][:k])) if top_ids and k else []
+                out.logprobs[s.seq_id] = SeqLogprobs(res["logprobs"][i], top)
+        return out
 
     def _prepare(self, items: list[ScheduledSeq]):
         """The step's inputs as host tensors (pinned on CUDA, for asynchronous copies):
@@ -151,10 +206,13 @@ class ModelRunner:
         sample_rows: list[int] = []
         sample_items: list[ScheduledSeq] = []
         decode_tables, decode_lens, prefills = [], [], []
+        pending: list[tuple[int, int]] = []  # (row of ids, row of the last sampled tokens)
         for it in items:
             seq, start, n = it.seq, it.start, it.num_new_tokens
             q_start = len(ids)
             ids += seq.token_ids[start:start + n]
+            if ids[-1] == PENDING:  # only a sequence's newest token can be PENDING
+                pending.append((len(ids) - 1, self._last_rows[seq.seq_id]))
             pos += range(start, start + n)
             table = seq.block_table
             slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
@@ -172,11 +230,25 @@ class ModelRunner:
         host = {"ids": self._host(ids), "pos": self._host(pos), "slots": self._host(slots),
                 "tables": self._host(padded).view(len(padded), max_blocks),
                 "lens": self._host(decode_lens)}
-        return host, prefills, sample_rows, sample_items
+        return host, prefills, sample_rows, sample_items, pending
 
     def _host(self, values: list) -> torch.Tensor:
         t = torch.tensor(values, dtype=torch.long)
         return t.pin_memory() if self.device.type == "cuda" else t
+
+    def _to_device(self, values: list) -> torch.Tensor:
+        """A long tensor on the device, copied without a host sync (a pageable copy would wait
+        for the GPU to drain, serializing host and device)."""
+        return self._host(values).to(self.device, non_blocking=True)
+
+    def _input_ids(self, ids: torch.Tensor, pending: list[tuple[int, int]]) -> torch.Tensor:
+        """Host ids [T] (PENDING where unknown) -> device ids with the previous step's tokens."""
+        dev = ids.to(self.device, non_blocking=True)
+        if pending:
+            rows, src = zip(*pending)
+            dev.index_copy_(0, self._to_device(list(rows)),
+                            self._last_sampled.index_select(0, self._to_device(list(src))))
+        return dev
 
     def _device_inputs(self, host: dict, prefills: list[PrefillChunk]):
         dev = self.device
@@ -198,36 +270,22 @@ class ModelRunner:
                 meta.decode_mask = decode_mask(meta.decode_context_lens,
                                                host["tables"].shape[1] * self.block_size,
                                                meta.sliding_window)
-        return to_dev(host["ids"]), to_dev(host["pos"]), meta
+        return to_dev(host["pos"]), meta
 
-    def _sample(self, logits: torch.Tensor, items: list[ScheduledSeq]) -> ModelOutput:
-        seqs = [it.seq for it in items]
+    def _sampling_metadata(self, seqs: list, vocab_size: int) -> SamplingMetadata:
         eos = self.config.model.eos_token_ids
         suppress = []
         for s in seqs:
             p = s.params
             early = s.num_output_tokens < p.min_tokens
             suppress.append(([] if p.ignore_eos else list(eos)) + p.stop_token_ids if early else [])
-        meta = SamplingMetadata.build(
+        history = any(s.params.needs_token_history for s in seqs)  # else skip the copies
+        return SamplingMetadata.build(
             params=[s.params for s in seqs],
-            prompt_token_ids=[s.prompt_token_ids for s in seqs],
-            output_token_ids=[s.output_token_ids for s in seqs],
+            prompt_token_ids=[s.prompt_token_ids for s in seqs] if history else None,
+            output_token_ids=[s.output_token_ids for s in seqs] if history else None,
             generators=[self._generator(s) for s in seqs],
-            suppress_token_ids=suppress, vocab_size=logits.shape[-1], device=self.device)
-        res = self.sampler(logits, meta)
-        tokens = res.sampled.tolist()
-        out = ModelOutput(sampled={s.seq_id: t for s, t in zip(seqs, tokens)})
-        if res.logprobs is not None:
-            lps = res.logprobs.tolist()
-            top_ids = res.top_ids.tolist() if res.top_ids is not None else None
-            top_lps = res.top_logprobs.tolist() if res.top_logprobs is not None else None
-            for i, s in enumerate(seqs):
-                k = s.params.logprobs
-                if k is None:
-                    continue
-                top = list(zip(top_ids[i][:k], top_lps[i][:k])) if top_ids and k else []
-                out.logprobs[s.seq_id] = SeqLogprobs(lps[i], top)
-        return out
+            suppress_token_ids=suppress, vocab_size=vocab_size, device=self.device)
 
     def _generator(self, seq) -> torch.Generator | None:
         seed = seq.params.seed

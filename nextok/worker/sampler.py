@@ -32,8 +32,10 @@ class SamplerOutput:
 
 @dataclass
 class SamplingMetadata:
-    temperature: torch.Tensor  # [S] float, 1.0 on greedy rows (never divided by zero)
-    greedy: torch.Tensor  # [S] bool
+    # On a GPU, every tensor here arrives by an asynchronous copy from pinned memory: building
+    # the metadata never waits for the device (async scheduling relies on that).
+    temperature: torch.Tensor | None  # [S] float, 1.0 on greedy rows; None when all greedy
+    greedy: torch.Tensor | None  # [S] bool; None when all greedy
     all_greedy: bool
     all_random: bool
     top_k: torch.Tensor | None  # [S] long, V where off
@@ -51,10 +53,11 @@ class SamplingMetadata:
     max_logprobs: int | None  # top alternatives to return; None: no logprobs at all
 
     @classmethod
-    def build(cls, params: list[SamplingParams], prompt_token_ids: list[list[int]],
-              output_token_ids: list[list[int]], generators: list[torch.Generator | None],
+    def build(cls, params: list[SamplingParams], prompt_token_ids: list[list[int]] | None,
+              output_token_ids: list[list[int]] | None, generators: list[torch.Generator | None],
               suppress_token_ids: list[list[int]], vocab_size: int,
               device: torch.device | str) -> "SamplingMetadata":
+        """prompt/output_token_ids may be None when no row has a penalty (they are unused)."""
         s = len(params)
         greedy = [p.greedy for p in params]
         f32 = dict(dtype=torch.float32, device=device)
@@ -63,7 +66,7 @@ class SamplingMetadata:
             # One value per row, or None when every row has the default (the stage is skipped).
             if all(v == default for v in values):
                 return None
-            return torch.tensor(values, **kw)
+            return _tensor(values, **kw)
 
         randoms = [p for p, g in zip(params, greedy) if not g]
         top_k = column([min(p.top_k, vocab_size) if p.top_k > 0 and not g else vocab_size
@@ -74,15 +77,15 @@ class SamplingMetadata:
         rep = [p.repetition_penalty for p in params]
         repetition = seen = None
         if any(r != 1.0 for r in rep):
-            repetition = torch.tensor(rep, **f32).unsqueeze(1)
+            repetition = _tensor(rep, **f32).unsqueeze(1)
             seen = _token_mask(s, vocab_size, [a + b for a, b in zip(prompt_token_ids, output_token_ids)],
                                device)
         freq = [p.frequency_penalty for p in params]
         pres = [p.presence_penalty for p in params]
         frequency = presence = counts = None
         if any(freq) or any(pres):
-            frequency = torch.tensor(freq, **f32).unsqueeze(1)
-            presence = torch.tensor(pres, **f32).unsqueeze(1)
+            frequency = _tensor(freq, **f32).unsqueeze(1)
+            presence = _tensor(pres, **f32).unsqueeze(1)
             counts = _token_counts(s, vocab_size, output_token_ids, device)
 
         bias_rows, bias_ids, bias_vals = [], [], []
@@ -94,19 +97,20 @@ class SamplingMetadata:
                     bias_vals.append(b)
         bias_index = bias_values = None
         if bias_rows:
-            bias_index = (torch.tensor(bias_rows, device=device), torch.tensor(bias_ids, device=device))
-            bias_values = torch.tensor(bias_vals, **f32)
+            bias_index = (_tensor(bias_rows, device=device), _tensor(bias_ids, device=device))
+            bias_values = _tensor(bias_vals, **f32)
 
         sup_rows = [row for row, ids in enumerate(suppress_token_ids) for _ in ids]
         sup_ids = [t for ids in suppress_token_ids for t in ids]
         suppress = None
         if sup_rows:
-            suppress = (torch.tensor(sup_rows, device=device), torch.tensor(sup_ids, device=device))
+            suppress = (_tensor(sup_rows, device=device), _tensor(sup_ids, device=device))
 
         lp = [p.logprobs for p in params if p.logprobs is not None]
         return cls(
-            temperature=torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)], **f32),
-            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            temperature=_tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)], **f32)
+            if randoms else None,
+            greedy=_tensor(greedy, dtype=torch.bool, device=device) if randoms else None,
             all_greedy=not randoms, all_random=len(randoms) == s,
             top_k=top_k, top_p=top_p, min_p=min_p,
             repetition_penalty=repetition, seen_mask=seen,
@@ -115,11 +119,20 @@ class SamplingMetadata:
             generators=list(generators), max_logprobs=max(lp) if lp else None)
 
 
+def _tensor(values: list, dtype=torch.long, device="cpu") -> torch.Tensor:
+    """torch.tensor(values) on `device`; to a GPU by an asynchronous copy from pinned memory
+    (a pageable copy would first wait for all queued GPU work)."""
+    t = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t
+
+
 def _token_mask(rows: int, vocab: int, ids: list[list[int]], device) -> torch.Tensor:
     mask = torch.zeros(rows, vocab, dtype=torch.bool, device=device)
     r = [i for i, row in enumerate(ids) for _ in row]
     if r:
-        mask[torch.tensor(r, device=device), torch.tensor([t for row in ids for t in row], device=device)] = True
+        mask[_tensor(r, device=device), _tensor([t for row in ids for t in row], device=device)] = True
     return mask
 
 
@@ -127,7 +140,7 @@ def _token_counts(rows: int, vocab: int, ids: list[list[int]], device) -> torch.
     counts = torch.zeros(rows, vocab, dtype=torch.float32, device=device)
     flat = [i * vocab + t for i, row in enumerate(ids) for t in row]
     if flat:
-        idx = torch.tensor(flat, device=device)
+        idx = _tensor(flat, device=device)
         counts.view(-1).index_add_(0, idx, torch.ones(len(flat), dtype=torch.float32, device=device))
     return counts
 
@@ -155,7 +168,7 @@ class Sampler:
             logits = logits.index_put(meta.bias_index, meta.bias_values, accumulate=True)
         if meta.suppress_index is not None:
             logits = logits.index_put(meta.suppress_index,
-                                      torch.tensor(float("-inf"), device=logits.device))
+                                      logits.new_full((), float("-inf")))
         if meta.repetition_penalty is not None:
             # CTRL-style: shrink a seen token's logit toward "less likely" whatever its sign.
             pen = meta.repetition_penalty

@@ -10,7 +10,7 @@ from nextok.cli import main
 def test_latency_run_writes_its_figures(tmp_path, model_path):
     out = tmp_path / "latency.json"
     rc = main(["bench", "latency", "--model", model_path, "--dtype", "float32", "--batch-sizes", "1,2",
-               "--input-len", "16", "--output-len", "4", "--repeats", "1", "--also-eager",
+               "--input-len", "16", "--output-len", "4", "--repeats", "1", "--also-eager", "--also-sync",
                "--kv-cache-memory", "64MiB", "--output", str(out)])
     assert rc == 0
     r = json.loads(out.read_text())
@@ -21,7 +21,8 @@ def test_latency_run_writes_its_figures(tmp_path, model_path):
     assert 85e6 < r["weight_bytes_per_step"] < 100e6
     assert r["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * 4
     assert r["copy_bandwidth_GBps"] > 0
-    for name in ("nextok", "nextok_eager"):
+    assert set(r["summary"]) == {"nextok", "nextok_eager", "nextok_sync"}
+    for name in ("nextok", "nextok_eager", "nextok_sync"):
         for b in ("1", "2"):
             row = r["summary"][name][b]
             assert row["decode_step_ms"] > 0 and row["prefill_ms"] > 0

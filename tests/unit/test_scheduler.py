@@ -17,7 +17,7 @@ from nextok.config import SchedulerConfig
 from nextok.engine import block_manager as bm_mod
 from nextok.engine.block_manager import NULL_BLOCK, BlockManager
 from nextok.engine.scheduler import Scheduler, SchedulerOutput
-from nextok.engine.sequence import Sequence, SequenceStatus
+from nextok.engine.sequence import PENDING, Sequence, SequenceStatus
 from nextok.sampling_params import SamplingParams
 
 STOPPED, LENGTH, ABORTED = (SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH,
@@ -49,12 +49,23 @@ class FakeModel:
         self.next_token = next_token
         self.kv: dict[int, int] = {}  # slot -> value written there
         self.values: dict[int, list[int]] = {}  # seq_id -> expected KV value per position
+        self.truth: dict[int, list[int]] = {}  # seq_id -> every token, sampled ones included
+
+    def _tokens(self, seq: Sequence) -> list[int]:
+        """The sequence's tokens as the device knows them: with async scheduling the host's
+        copy ends in PENDING tokens that this model sampled but the scheduler has not seen."""
+        truth = self.truth.setdefault(seq.seq_id, list(seq.token_ids))
+        known = seq.num_resolved_tokens
+        assert seq.token_ids[:known] == truth[:known], f"{seq}: a token was lost or changed"
+        assert len(seq.token_ids) <= len(truth), f"{seq}: more tokens than were sampled"
+        return truth
 
     def _expected(self, seq: Sequence, upto: int) -> list[int]:
         vals = self.values.setdefault(seq.seq_id, [])
+        tokens = self._tokens(seq)
         while len(vals) < upto:  # value at p depends on tokens [0, p], like real KV
             p = len(vals)
-            vals.append(hash((vals[-1] if vals else None, seq.token_ids[p])))
+            vals.append(hash((vals[-1] if vals else None, tokens[p])))
         return vals
 
     def execute(self, out: SchedulerOutput) -> dict[int, int]:
@@ -83,7 +94,15 @@ class FakeModel:
                 block = seq.block_table[p // bs]
                 assert block != NULL_BLOCK, f"{seq}: position {p} in the window was freed"
                 assert self.kv.get(block * bs + p % bs) == vals[p], f"{seq}: wrong KV at {p}"
-        return {it.seq.seq_id: self.next_token(it.seq) for it in out.scheduled if it.samples}
+        sampled = {}
+        for it in out.scheduled:
+            if it.samples:
+                seq, truth = it.seq, self._tokens(it.seq)
+                view = Sequence(seq.request_id, seq.prompt_token_ids, seq.params)
+                view.token_ids = list(truth)  # what next_token sees: every token, none PENDING
+                sampled[seq.seq_id] = self.next_token(view)
+                truth.append(sampled[seq.seq_id])
+        return sampled
 
 
 def check_output(sched: Scheduler, out: SchedulerOutput) -> None:
@@ -99,7 +118,9 @@ def check_output(sched: Scheduler, out: SchedulerOutput) -> None:
         assert it.start == seq.num_computed_tokens
         assert 1 <= it.num_new_tokens and it.start + it.num_new_tokens <= seq.num_tokens
         assert len(seq.block_table) * bm.block_size >= it.start + it.num_new_tokens
-    unscheduled = [s for s in sched.running if s.seq_id not in ids]
+    # (Async scheduling also skips a sequence whose PENDING token surely ends it.)
+    unscheduled = [s for s in sched.running if s.seq_id not in ids
+                   and not (s.num_pending and sched._ends_by_length(s, s.num_tokens))]
     if unscheduled:  # a running sequence is skipped only when the budget is spent
         assert out.num_batched_tokens == cfg.max_num_batched_tokens
     # Victims are taken from the back of `running` and requeued at the front of `waiting`, so
@@ -131,10 +152,13 @@ def check_all_released(sched: Scheduler) -> None:
     assert bm.usage == 0.0
 
 
-def run(sched: Scheduler, seqs=(), arrivals=None, model=None, max_steps=20_000, abort=None):
+def run(sched: Scheduler, seqs=(), arrivals=None, model=None, max_steps=20_000, abort=None,
+        overlap=False):
     """Run until everything finished; `arrivals`: {step: [seqs]} added before that step.
 
     `abort(step, sched, out)`, if given, is called between schedule and update.
+    `overlap`: as the engine's async scheduling: step i is scheduled and advanced before step
+    i - 1's tokens are resolved.
     Returns the list of SchedulerOutputs. Fails on a step that schedules nothing while work
     remains (a deadlock) or on running past `max_steps`.
     """
@@ -143,21 +167,30 @@ def run(sched: Scheduler, seqs=(), arrivals=None, model=None, max_steps=20_000, 
         sched.add(seq)
     arrivals = dict(arrivals or {})
     outs = []
+    inflight = None
     for i in range(max_steps):
         for seq in arrivals.pop(i, []):
             sched.add(seq)
         if not sched.has_unfinished():
+            assert inflight is None or not any(it.samples and not it.seq.is_finished
+                                               for it in inflight[0].scheduled)
             if not arrivals:
                 check_all_released(sched)
                 return outs
             continue
         out = sched.schedule()
-        assert not out.is_empty, f"deadlock at step {i}: waiting={list(sched.waiting)}"
+        assert not out.is_empty or inflight, f"deadlock at step {i}: waiting={list(sched.waiting)}"
         check_output(sched, out)
         sampled = model.execute(out)
         if abort is not None:
             abort(i, sched, out)
-        sched.update(out, sampled)
+        if overlap:
+            sched.advance(out)
+            if inflight is not None:
+                sched.resolve(*inflight)
+            inflight = (out, sampled) if not out.is_empty else None
+        else:
+            sched.update(out, sampled)
         sched.block_manager.check_integrity(live=sched.running)
         outs.append(out)
     raise AssertionError("did not finish")
@@ -633,7 +666,14 @@ def test_random_stress_with_colliding_hashes(seed, monkeypatch):
     assert sched.block_manager.prefix_hits > 0
 
 
-def _stress(seed: int, vocab: int = 30, **overrides) -> Scheduler:
+@pytest.mark.parametrize("seed", [10, 13, 16, 23, 27, 35])
+def test_random_stress_with_async_scheduling(seed):
+    """The same, each step scheduled before the previous one's tokens are known (PENDING)."""
+    sched = _stress(seed, overlap=True)
+    assert sched.num_preemptions > 0
+
+
+def _stress(seed: int, vocab: int = 30, overlap: bool = False, **overrides) -> Scheduler:
     """200 sequences arriving over time, some from a few common prefixes, with random aborts;
     integrity every step, and the final tokens of the sequences that were not aborted must equal
     those of a run with an unlimited pool."""
@@ -665,7 +705,7 @@ def _stress(seed: int, vocab: int = 30, **overrides) -> Scheduler:
 
     model = FakeModel(sched, lambda s: hash_model(s, 50))
     run(sched, arrivals={i: [seqs[k] for k in ks] for i, ks in arrivals.items()}, model=model,
-        abort=abort)
+        abort=abort, overlap=overlap)
     # The length cap the scheduler applies (the pool; one step's budget without chunking).
     cap = min(max_len, (cfg["num_blocks"] - 1) * cfg["block_size"])
     if not cfg["chunked"]:
@@ -697,3 +737,63 @@ def test_twins_admitted_in_one_step_share_the_prompt_blocks():
     run(sched, model=model)
     assert all(s.num_output_tokens == 3 for s in twins)
     check_all_released(sched)
+
+
+# ---- async scheduling: PENDING tokens ------------------------------------------------------
+
+def test_pending_token_is_decoded_before_it_is_known_and_resolved_in_order():
+    sched = make_scheduler(block_size=4)
+    seq = new_seq("r", range(7), max_tokens=3)
+    sched.add(seq)
+    first = sched.schedule()
+    sched.advance(first)  # prefill launched: its token is PENDING
+    assert seq.token_ids[-1] == PENDING and seq.num_pending == 1 and seq.output_token_ids == []
+    second = sched.schedule()  # the decode of the PENDING token is scheduled at once
+    assert [(it.start, it.num_new_tokens) for it in second.scheduled] == [(7, 1)]
+    sched.advance(second)
+    assert seq.num_pending == 2
+    # 8 resolved tokens would fill block 1; it must not be cached while a token is unknown.
+    assert len(seq.block_hashes) == 1
+    sched.resolve(first, {seq.seq_id: 100})
+    assert seq.token_ids[7] == 100 and seq.num_pending == 1 and seq.output_token_ids == [100]
+    assert len(seq.block_hashes) == 2
+    third = sched.schedule()
+    sched.advance(third)
+    assert sched.schedule().is_empty  # its third token (PENDING) surely ends it: max_tokens=3
+    sched.resolve(second, {seq.seq_id: 101})
+    sched.resolve(third, {seq.seq_id: 102})
+    assert seq.status == LENGTH and seq.output_token_ids == [100, 101, 102]
+    check_all_released(sched)
+
+
+def test_a_sequence_stopped_while_its_next_step_runs_drops_that_token():
+    sched = make_scheduler(block_size=4, eos=(2,))
+    seq = new_seq("r", [1, 1, 1], max_tokens=10)
+    sched.add(seq)
+    first = sched.schedule()
+    sched.advance(first)
+    second = sched.schedule()
+    sched.advance(second)
+    sched.resolve(first, {seq.seq_id: 2})  # EOS: finished while `second` runs
+    assert seq.status == STOPPED and seq.token_ids == [1, 1, 1, 2] and seq.num_pending == 0
+    sched.resolve(second, {seq.seq_id: 5})  # ignored
+    assert seq.token_ids == [1, 1, 1, 2]
+    check_all_released(sched)
+
+
+def test_a_preempted_sequence_waits_for_its_pending_token():
+    sched = make_scheduler(num_blocks=4, block_size=4, prefix=False)  # 3 usable blocks
+    a, b = new_seq("a", range(4), max_tokens=8), new_seq("b", range(4), max_tokens=8)
+    sched.add(a)
+    sched.add(b)
+    out = sched.schedule()
+    sched.advance(out)  # one block each; both sampled, so both end in a PENDING token
+    nxt = sched.schedule()  # each needs a second block for its 5th token; one is left: b goes
+    assert nxt.preempted == [b] and b.num_pending == 1 and b.block_table == []
+    sched.advance(nxt)
+    sched.finish(a, ABORTED)  # the pool is empty now, yet b must wait: its 5th token is unknown
+    assert sched.schedule().is_empty
+    sched.resolve(out, {a.seq_id: 9, b.seq_id: 8})
+    assert b.token_ids == [0, 1, 2, 3, 8] and b.num_pending == 0
+    again = sched.schedule()  # recomputed from its known tokens
+    assert [(it.seq, it.start, it.num_new_tokens) for it in again.scheduled] == [(b, 0, 5)]
