@@ -3,6 +3,7 @@
 #   bash benchmarks/gpu/issue6.sh check             the real model, latency (async on/off), profile
 #   bash benchmarks/gpu/issue6.sh compile-baseline  8B batch 1 vs transformers' static cache + compile
 #   bash benchmarks/gpu/issue6.sh throughput        1000 x 512 -> 256 on the dummy Llama-3.1-8B vs HF
+#   bash benchmarks/gpu/issue6.sh fp32-check        bf16 greedy of nextok and HF against HF float32
 # Inputs carried in .gpucarry/ (ignored by git): the default GGUF in two halves (gguf_a/part,
 # gguf_b/part: one call carries at most 64 MiB) with its sha256, a tokenizer directory for the
 # dummy checkpoints (the ids only need some tokenizer), and .whl/ with the gguf wheel that
@@ -67,8 +68,13 @@ throughput)
         --baseline-padded-prompts 256 \
         --output "$OUT/throughput-llama-8b.json" 2>&1 | grep -v "it/s\]" | tail -30
     ;;
+fp32-check)
+    step bf16 greedy vs float32, transformers and nextok, the real model
+    timeout ${T_FP32:-150} python3 benchmarks/gpu/fp32_reference_check.py /tmp/model/SmolLM2-135M-Instruct.Q4_1.gguf \
+        "$OUT/fp32-reference.json" 2>&1 | grep -v Warning | tail -20
+    ;;
 *)
-    echo "usage: $0 check|compile-baseline|throughput" >&2
+    echo "usage: $0 check|compile-baseline|throughput|fp32-check" >&2
     exit 2
     ;;
 esac
