@@ -127,11 +127,13 @@ def _hf_generate(model, prompts: list[list[int]], new_tokens: int) -> float:
     import torch
 
     ids = torch.tensor(prompts, device=model.device)  # equal lengths: padding is a no-op mask
+    eos = model.config.eos_token_id
+    pad = (eos[0] if isinstance(eos, list) else eos) or 0  # Llama 3 lists several EOS ids
     with torch.inference_mode():
         t0 = time.perf_counter()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                              min_new_tokens=new_tokens, do_sample=False,
-                             pad_token_id=model.config.eos_token_id or 0)
+                             pad_token_id=pad)
         dt = time.perf_counter() - t0
     assert out.shape[1] == ids.shape[1] + new_tokens
     return dt
