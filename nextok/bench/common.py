@@ -15,6 +15,11 @@ import time
 
 
 def git_commit() -> dict:
+    """The commit benchmarked. NEXTOK_COMMIT overrides it, for a copy of the tree whose .git is
+    not the source's (the GPU machine gets the working tree with a stale repository)."""
+    if os.environ.get("NEXTOK_COMMIT"):
+        return {"commit": os.environ["NEXTOK_COMMIT"], "dirty": False}
+
     def run(*cmd):
         try:
             return subprocess.run(cmd, capture_output=True, text=True, timeout=10,

@@ -16,7 +16,7 @@ graphs, each batch size also gets its device-only time: the captured step replay
 plus the lm_head and argmax (no host work in between), the floor that overlapping host work with
 the GPU can reach.
 `--baseline transformers` times transformers' batch-1 decode eagerly and with its best path, a
-static cache and torch.compile(mode="reduce-overhead") (CUDA only; it compiles for a minute or two).
+static cache, which generate() compiles with mode="reduce-overhead" (CUDA only; a minute or two).
 """
 from __future__ import annotations
 
@@ -210,7 +210,8 @@ def weight_bytes(model, decode: bool) -> int:
 
 
 def hf_batch1(config, input_len: int, new: int, device: torch.device) -> dict:
-    """transformers' batch-1 decode ms/token: eager generate(), then static cache + torch.compile."""
+    """transformers' batch-1 decode ms/token: eager generate(), then a static cache, which
+    generate() compiles with CUDA graphs (its best path)."""
     from nextok.bench.throughput import load_hf
 
     model = load_hf(config)
@@ -231,8 +232,11 @@ def hf_batch1(config, input_len: int, new: int, device: torch.device) -> dict:
 
     out = {"eager_ms_per_token": per_token()}
     if device.type == "cuda":
+        # A static cache makes generate() compile its decode step itself (its CompileConfig:
+        # mode="reduce-overhead", i.e. CUDA graphs) and manage the graphs' buffers.
+        # Wrapping model.forward in torch.compile by hand instead fails on torch 2.11: the
+        # graphs' outputs are overwritten by the next replay.
         model.generation_config.cache_implementation = "static"
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
         t = time.perf_counter()
         for _ in range(2):
             per_token()  # compiles (prefill and decode shapes) and warms the graphs
