@@ -41,6 +41,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="CUDA: no CUDA graphs (every decode step launches its kernels one by one)")
     g.add_argument("--cuda-graph-max-batch", type=int, default=256,
                    help="CUDA: largest decode batch replayed from a captured graph")
+    g.add_argument("--quantization", default=None,
+                   help="quantize the decoder's linear layers at load: int8 (weight-only, per "
+                        "output channel)")
     g.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"],
                    help="launch each step before the host has collected the previous one "
                         "(auto: on for CUDA, off on CPU)")
@@ -142,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     from nextok.server import serve
 
     serve.add_parser(sub, add_engine_args)
+    from nextok.eval import ppl
+
+    ppl.add_parser(sub, add_engine_args)
     return parser
 
 

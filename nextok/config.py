@@ -109,3 +109,5 @@ class EngineConfig:
     cuda_graph_max_batch: int = 256
     # Launch step N+1 before collecting step N (engine.py); resolved from "auto": on for CUDA.
     async_scheduling: bool = False
+    # Decoder linears quantized at load (nextok/quant/): None or a name in quant.METHODS.
+    quantization: str | None = None

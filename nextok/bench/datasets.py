@@ -4,12 +4,22 @@
   `input_len` long; generation ignores EOS so every request yields exactly `output_len` tokens.
 - `code`: windows of exactly `input_len` tokens cut from real source files: the Python standard
   library installed on this machine, a real corpus present everywhere Python is.
+
+`stdlib_split()` also cuts that library into two disjoint parts by a stable hash of each file's
+path relative to the stdlib root (`split_of`): about 1 file in 10 is EVAL (held out: what
+`nextok eval ppl` scores) and the rest CALIBRATION (what quantization methods may look at).
+The part a file lands in depends only on its relative path, never on walk order, the machine
+or the Python version; which files exist does depend on the Python version, so results record it.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import sysconfig
+
+EVAL_SPLIT, CALIBRATION_SPLIT = "eval", "calibration"
+EVAL_ONE_IN = 10  # about 1 stdlib file in EVAL_ONE_IN is held out for evaluation
 
 
 def random_prompts(tokenizer, num: int, input_len: int, seed: int) -> list[list[int]]:
@@ -20,14 +30,37 @@ def random_prompts(tokenizer, num: int, input_len: int, seed: int) -> list[list[
     return [[rng.choice(candidates) for _ in range(input_len)] for _ in range(num)]
 
 
+def stdlib_root() -> str:
+    return sysconfig.get_paths()["stdlib"]
+
+
 def stdlib_files(limit: int | None = None) -> list[str]:
-    root = sysconfig.get_paths()["stdlib"]
+    root = stdlib_root()
     files = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "test", "tests",
                                                                "idlelib", "__pycache__"))
         files += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
     return files[:limit] if limit else files
+
+
+def split_of(relpath: str) -> str:
+    """EVAL_SPLIT or CALIBRATION_SPLIT for a path relative to the stdlib root ('/' or os.sep):
+    the first 8 bytes of its sha256, as an integer, modulo EVAL_ONE_IN == 0 -> eval."""
+    key = relpath.replace(os.sep, "/").encode("utf-8")
+    h = int.from_bytes(hashlib.sha256(key).digest()[:8], "big")
+    return EVAL_SPLIT if h % EVAL_ONE_IN == 0 else CALIBRATION_SPLIT
+
+
+def stdlib_split() -> dict[str, list[str]]:
+    """{"eval": paths, "calibration": paths}: every file of `stdlib_files()` in exactly one,
+    each list sorted by the path relative to the stdlib root."""
+    root = stdlib_root()
+    parts: dict[str, list[str]] = {EVAL_SPLIT: [], CALIBRATION_SPLIT: []}
+    rel = sorted(os.path.relpath(p, root).replace(os.sep, "/") for p in stdlib_files())
+    for r in rel:
+        parts[split_of(r)].append(os.path.join(root, *r.split("/")))
+    return parts
 
 
 def code_prompts(tokenizer, num: int, input_len: int, seed: int) -> list[list[int]]:

@@ -180,7 +180,7 @@ def weight_bytes(model, decode: bool) -> int:
     counts once, as the lm_head), and linears kept as GGUF blocks count their blocks."""
     from torch import nn
 
-    from nextok.kernels.cpu_gguf_linear import BlockOrDenseLinear
+    from nextok.kernels.cpu_gguf_linear import BlockLinear, BlockOrDenseLinear
     from nextok.kernels.cpu_linear import PackedLinear
 
     elem = model.embed_tokens.weight.element_size()
@@ -192,14 +192,15 @@ def weight_bytes(model, decode: bool) -> int:
         nonlocal total
         if module is model.lm_head and tied and not decode:
             return  # the embedding's own copy (CPU packs it as the lm_head): counted once
-        if isinstance(module, BlockOrDenseLinear) and decode:
-            total += module.blocks.blocks.numel()
+        if isinstance(module, BlockOrDenseLinear) and decode or isinstance(module, BlockLinear):
+            total += module.blocks.blocks.numel()  # (a BlockLinear holds nothing else)
         elif isinstance(module, (PackedLinear, BlockOrDenseLinear)):  # no parameters of their own
             total += module.in_features * module.out_features * elem
         elif isinstance(module, nn.Embedding):
             total += 0 if decode else module.weight.numel() * elem
-        else:
-            total += sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
+        else:  # parameters and buffers (quantized layers keep their weights as buffers)
+            total += sum(t.numel() * t.element_size() for t in
+                         [*module.parameters(recurse=False), *module.buffers(recurse=False)])
             for child in module.children():
                 walk(child)
 

@@ -45,6 +45,7 @@ class EngineArgs:
     enforce_eager: bool = False
     cuda_graph_max_batch: int = 256
     async_scheduling: str = "auto"  # auto (on for CUDA) | on | off
+    quantization: str | None = None  # None | int8 (nextok/quant/)
     download: bool = True
 
 
@@ -85,7 +86,8 @@ def create_engine(args: EngineArgs):
         num_threads=args.num_threads, cpu_kernels=args.cpu_kernels, gguf_blocks=args.gguf_blocks,
         attention_backend=_attention_backend(args.attention_backend, device),
         enforce_eager=args.enforce_eager, cuda_graph_max_batch=args.cuda_graph_max_batch,
-        async_scheduling=_async_scheduling(args.async_scheduling, device))
+        async_scheduling=_async_scheduling(args.async_scheduling, device),
+        quantization=args.quantization)
     weights = None if ckpt.format == "dummy" else ckpt.weights()
     runner = ModelRunner(config, weights, max_len, ckpt.blocks)
     num_blocks = _num_blocks(config, runner)
@@ -128,6 +130,10 @@ def _attention_backend(name: str, device: str) -> str:
 
 
 def _check_args(args: EngineArgs) -> None:
+    if args.quantization is not None:
+        from nextok.quant import get_quant_method
+
+        get_quant_method(args.quantization)  # an unknown name fails before anything loads
     if args.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
         raise NextokError(f"--block-size must be a power of two up to 128, got {args.block_size}")
     if args.max_num_seqs < 1 or args.max_num_batched_tokens < 1:

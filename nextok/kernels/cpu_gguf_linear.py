@@ -20,11 +20,12 @@ from nextok.kernels import cpu_build
 BLOCK_BYTES = {3: 20, 8: 34}  # ggml type id -> bytes per 32-weight block (Q4_1, Q8_0)
 MAX_ROWS = 8  # rows of x per kernel call (the accumulators stay in registers)
 _fn = None
+_dequant = None
 
 
 def load_gguf_matmul():
     """The kernel's entry point, or None where it cannot be built."""
-    global _fn
+    global _fn, _dequant
     if _fn is None:
         lib = cpu_build.load("gguf_matmul")
         if lib is None:
@@ -33,7 +34,11 @@ def load_gguf_matmul():
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                        ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
-        _fn = fn
+        deq = lib.gguf_dequant_f32
+        deq.restype = ctypes.c_int
+        deq.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                        ctypes.c_int]
+        _fn, _dequant = fn, deq
     return _fn
 
 
@@ -71,6 +76,44 @@ class GGUFBlockLinear:
             if rc != 0:
                 raise RuntimeError("gguf_matmul_f32 refused its arguments")
         return y if self.bias is None else y + self.bias
+
+    def dequantize(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The float32 weight [out, in] (into `out` if given, e.g. a reused scratch matrix)."""
+        if out is None:
+            out = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
+        rc = _dequant(self.blocks.data_ptr(), self.type_id, self.out_features, self.in_features,
+                      out.data_ptr(), torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError("gguf_dequant_f32 refused its arguments")
+        return out
+
+
+class BlockLinear(nn.Module):
+    """A linear layer whose only weights are GGUF blocks. x: [T, in] float32 -> [T, out].
+    Steps of up to `max_rows` rows read the blocks directly (gguf_matmul); bigger ones (prefill,
+    large decode batches) dequantize the weight into a scratch matrix shared by every BlockLinear
+    and multiply it with oneDNN/MKL: one dequantization per call, amortized over the rows."""
+
+    _scratch = torch.empty(0)  # float32, grown to the largest weight seen; one for all layers
+
+    def __init__(self, blocks: GGUFBlockLinear, max_rows: int = MAX_ROWS):
+        super().__init__()
+        self.blocks, self.max_rows = blocks, max_rows
+        self.in_features, self.out_features = blocks.in_features, blocks.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:  # the kernels compute in float32
+            return self.forward(x.float()).to(x.dtype)
+        if x.shape[0] <= self.max_rows:
+            return self.blocks(x)
+        n = self.out_features * self.in_features
+        if BlockLinear._scratch.numel() < n:
+            BlockLinear._scratch = torch.empty(n, dtype=torch.float32)
+        w = self.blocks.dequantize(BlockLinear._scratch[:n].view(self.out_features, self.in_features))
+        return nn.functional.linear(x.contiguous(), w, self.blocks.bias)
+
+    def extra_repr(self) -> str:
+        return f"type={self.blocks.type_id}, in={self.in_features}, out={self.out_features}"
 
 
 class BlockOrDenseLinear(nn.Module):

@@ -61,6 +61,12 @@ class ModelRunner:
             model.init_dummy_weights(config.seed)
         else:
             model.load_weights(weights)
+        if config.quantization:  # before anything binds to the dense weights
+            from nextok.quant import get_quant_method, quantize_model
+
+            method = get_quant_method(config.quantization)
+            method.check(self.device, self.dtype)
+            quantize_model(model, method)
         if self.device.type == "cuda" or config.cpu_kernels:
             from nextok.kernels.select import fused_ops_for
 
@@ -89,7 +95,7 @@ class ModelRunner:
         return TorchRefBackend(self._cpu_decode_kernel())
 
     def _gguf_blocks_apply(self) -> bool:
-        if self.dtype != torch.float32 or not self.config.gguf_blocks:
+        if self.dtype != torch.float32 or not self.config.gguf_blocks or self.config.quantization:
             return False
         from nextok.kernels.cpu_gguf_linear import load_gguf_matmul
 

@@ -1,6 +1,8 @@
 """Prompt sets of the benchmarks: exact lengths in the model's tokens, seeded, from real code."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from nextok.bench import datasets
@@ -85,3 +87,21 @@ def test_compare_plots_are_pngs_per_workload_and_figure(tmp_path):
     for p in paths:
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_stdlib_split_is_disjoint_complete_deterministic_and_about_one_in_ten():
+    split = datasets.stdlib_split()
+    ev, cal = split[datasets.EVAL_SPLIT], split[datasets.CALIBRATION_SPLIT]
+    assert ev and cal and not set(ev) & set(cal)
+    assert sorted(ev + cal) == sorted(datasets.stdlib_files())
+    assert split == datasets.stdlib_split()
+    assert 0.04 < len(ev) / (len(ev) + len(cal)) < 0.2
+    assert ev == sorted(ev, key=lambda p: os.path.relpath(p, datasets.stdlib_root()))
+
+
+def test_split_depends_only_on_the_relative_path():
+    # pinned: a change of the hash rule would silently change every recorded perplexity
+    assert datasets.split_of("_aix_support.py") == datasets.EVAL_SPLIT
+    assert datasets.split_of("asyncio/locks.py") == datasets.EVAL_SPLIT
+    assert datasets.split_of("os.py") == datasets.CALIBRATION_SPLIT
+    assert datasets.split_of(os.path.join("asyncio", "locks.py")) == datasets.EVAL_SPLIT

@@ -138,3 +138,22 @@ int gguf_matmul_f32(const float *x, int m_rows, int k, const uint8_t *w, int typ
     }
     return 0;
 }
+
+/* out [N, K] float32 = the weights of w [N, K / 32 blocks], the same values as the loader's
+ * dequantization: for steps too big for gguf_matmul_f32, dequantized into a scratch matrix that
+ * a float32 GEMM then reads (the blocks stay the only copy kept). Returns 0, or 1 as above. */
+int gguf_dequant_f32(const uint8_t *w, int type, int n, int k, float *out, int num_threads) {
+    const int block_bytes = type == Q4_1 ? 20 : type == Q8_0 ? 34 : 0;
+    if (!block_bytes || k % 32) return 1;
+    const int nb = k / 32;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int row = 0; row < n; row++) {
+        const uint8_t *blocks = w + (size_t)row * nb * block_bytes;
+        for (int b = 0; b < nb; b++) {
+            v8 wv[4];
+            dequant_block(blocks + (size_t)b * block_bytes, type, wv);
+            memcpy(out + (size_t)row * k + b * 32, wv, sizeof(wv));
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,41 @@
+"""The QuantMethod interface and the module swap that applies it to a loaded model."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+from torch import nn
+
+
+class QuantMethod(ABC):
+    """One way to hold a linear layer's weight quantized and to apply it.
+
+    - `check(device, dtype)` raises NextokError where the method cannot run (say, FP8 on a GPU
+      without FP8 tensor cores), before any weight is touched;
+    - `create_layer(weight, bias)` returns the quantized layer for a loaded dense weight
+      [out, in] (methods that quantize at load: int8, fp8). Checkpoint formats that arrive
+      quantized (AWQ, GPTQ) will build theirs from the file's tensors instead;
+    - the layer's forward is the method's apply: x [T, in] -> [T, out], in x's dtype.
+    """
+
+    name: str
+
+    def check(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Raise NextokError if this method cannot run on `device` in `dtype`."""
+
+    @abstractmethod
+    def create_layer(self, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+        ...
+
+
+def quantize_model(model: nn.Module, method: QuantMethod) -> int:
+    """Swap every nn.Linear of the decoder layers for `method`'s layer (the lm_head and the
+    embedding stay dense). Returns how many were swapped."""
+    targets = [(name, mod) for name, mod in model.named_modules()
+               if isinstance(mod, nn.Linear) and not name.startswith("lm_head")]
+    for name, mod in targets:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        bias = None if mod.bias is None else mod.bias.detach()
+        setattr(parent, attr, method.create_layer(mod.weight.detach(), bias))
+    return len(targets)

@@ -1,0 +1,75 @@
+"""INT8 weight-only quantization at load (`--quantization int8`), from any float checkpoint.
+
+Symmetric, one scale per output channel: scale[o] = max_i |W[o, i]| / 127, q = round(W / scale),
+in [-127, 127]; W ~ scale[o] * q[o, i]. The scale is rounded to float16 first, so that every path
+below holds exactly the same dequantized weights.
+
+- CPU, float32, in_features a multiple of 32: the weights are laid out as GGUF Q8_0 blocks
+  (a float16 scale and 32 int8 values) with the channel's scale in every block of its row, and
+  run through the GGUF block kernels (kernels/cpu_gguf_linear.py): read directly by steps of up
+  to 8 rows, dequantized into a scratch matrix for bigger ones. 34 bytes per 32 weights.
+- Elsewhere (CUDA for now, odd shapes): int8 [out, in] and the scales; y = (x @ q.T) * scale,
+  the product taken in x's dtype, where integers up to 127 are exact. Correct everywhere, but it
+  converts the weight on every call: the fast GPU path (a Triton W8A16 kernel) is still to come.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nextok.quant.base import QuantMethod
+
+Q8_0 = 8  # ggml's type id for Q8_0 blocks
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in] -> (q int8 [out, in], scale float16 [out]); all-zero rows get scale 0."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / 127.0).to(torch.float16)
+    s = scale.float().unsqueeze(1)
+    q = torch.where(s > 0, torch.round(w / torch.where(s > 0, s, 1.0)), 0.0).clamp_(-127, 127)
+    return q.to(torch.int8), scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale.float().unsqueeze(1)
+
+
+def q8_0_blocks(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(q [out, in], scale [out]) -> Q8_0 blocks [out, in / 32 * 34] uint8, the scale repeated."""
+    out, k = q.shape
+    nb = k // 32
+    d = scale.contiguous().view(torch.uint8).view(out, 1, 2).expand(out, nb, 2)
+    return torch.cat([d, q.contiguous().view(torch.uint8).view(out, nb, 32)], dim=2).reshape(out, nb * 34)
+
+
+class Int8Linear(nn.Module):
+    """y = (x @ q.T) * scale + bias. x: [T, in] -> [T, out] in x's dtype."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("qweight", q)
+        self.register_buffer("scale", scale)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, int8 per channel"
+
+
+class Int8WeightOnly(QuantMethod):
+    name = "int8"
+
+    def create_layer(self, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+        q, scale = quantize_per_channel(weight)
+        out, k = q.shape
+        if weight.device.type == "cpu" and weight.dtype == torch.float32 and k % 32 == 0:
+            from nextok.kernels.cpu_gguf_linear import BlockLinear, GGUFBlockLinear, load_gguf_matmul
+
+            if load_gguf_matmul() is not None:
+                return BlockLinear(GGUFBlockLinear(q8_0_blocks(q, scale), Q8_0, out, k, bias=bias))
+        return Int8Linear(q.to(weight.device), scale.to(weight.device), bias)
