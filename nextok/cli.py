@@ -43,10 +43,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="CUDA: largest decode batch replayed from a captured graph")
     g.add_argument("--quantization", default=None,
                    help="quantize the decoder's linear layers at load: int8 (weight-only, per "
-                        "output channel)")
+                        "output channel) or int4 (weight-only, round-to-nearest, groups of 128)")
+    g.add_argument("--quant-group-size", type=int, default=128,
+                   help="int4: consecutive weights of a row sharing one scale and minimum")
     g.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"],
                    help="launch each step before the host has collected the previous one "
                         "(auto: on for CUDA, off on CPU)")
+    g.add_argument("--gguf-blocks-only", dest="gguf_dense_copy", action="store_false",
+                   help="CPU: keep GGUF weights only as their blocks (less memory; steps of more "
+                        "than 8 rows then dequantize each weight per call)")
     g.add_argument("--no-gguf-blocks", dest="gguf_blocks", action="store_false",
                    help="CPU: keep GGUF weights only dequantized to float32 (default: decode steps "
                         "read Q4_1/Q8_0 weights as their blocks)")

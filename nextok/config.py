@@ -103,6 +103,9 @@ class EngineConfig:
     # CPU float32 on a GGUF file: decode-sized steps read Q4_1/Q8_0 weights as their blocks
     # (kernels/cpu_gguf_linear.py); False = the dequantized float32 weights only.
     gguf_blocks: bool = True
+    # ... and keep the float32 weights too, for steps of more than 8 rows (faster than
+    # dequantizing the blocks per call); False: the blocks are the only copy (less memory).
+    gguf_dense_copy: bool = True
     attention_backend: str = "torch"  # resolved: "torch" | "triton"
     # CUDA: decode steps of up to cuda_graph_max_batch sequences replay captured graphs
     enforce_eager: bool = False
@@ -111,3 +114,4 @@ class EngineConfig:
     async_scheduling: bool = False
     # Decoder linears quantized at load (nextok/quant/): None or a name in quant.METHODS.
     quantization: str | None = None
+    quant_group_size: int = 128  # int4: weights per (scale, min) group

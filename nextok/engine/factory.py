@@ -41,11 +41,13 @@ class EngineArgs:
     num_threads: int | None = None
     cpu_kernels: bool = True
     gguf_blocks: bool = True
+    gguf_dense_copy: bool = True
     attention_backend: str = "auto"
     enforce_eager: bool = False
     cuda_graph_max_batch: int = 256
     async_scheduling: str = "auto"  # auto (on for CUDA) | on | off
-    quantization: str | None = None  # None | int8 (nextok/quant/)
+    quantization: str | None = None  # None | int8 | int4 (nextok/quant/)
+    quant_group_size: int = 128
     download: bool = True
 
 
@@ -84,10 +86,11 @@ def create_engine(args: EngineArgs):
         scheduler=SchedulerConfig(args.max_num_seqs, batched, args.enable_chunked_prefill, max_len),
         device=device, dtype=dtype, load_format=ckpt.format, seed=args.seed,
         num_threads=args.num_threads, cpu_kernels=args.cpu_kernels, gguf_blocks=args.gguf_blocks,
+        gguf_dense_copy=args.gguf_dense_copy,
         attention_backend=_attention_backend(args.attention_backend, device),
         enforce_eager=args.enforce_eager, cuda_graph_max_batch=args.cuda_graph_max_batch,
         async_scheduling=_async_scheduling(args.async_scheduling, device),
-        quantization=args.quantization)
+        quantization=args.quantization, quant_group_size=args.quant_group_size)
     weights = None if ckpt.format == "dummy" else ckpt.weights()
     runner = ModelRunner(config, weights, max_len, ckpt.blocks)
     num_blocks = _num_blocks(config, runner)
@@ -133,7 +136,7 @@ def _check_args(args: EngineArgs) -> None:
     if args.quantization is not None:
         from nextok.quant import get_quant_method
 
-        get_quant_method(args.quantization)  # an unknown name fails before anything loads
+        get_quant_method(args.quantization, args.quant_group_size)  # fails before loading
     if args.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
         raise NextokError(f"--block-size must be a power of two up to 128, got {args.block_size}")
     if args.max_num_seqs < 1 or args.max_num_batched_tokens < 1:

@@ -118,11 +118,13 @@ class LlamaForCausalLM(nn.Module):
             if hasattr(module, "fused"):
                 module.fused = ops
 
-    def use_gguf_blocks(self, blocks: Iterable[tuple[str, int, torch.Tensor]]) -> int:
+    def use_gguf_blocks(self, blocks: Iterable[tuple[str, int, torch.Tensor]],
+                        keep_dense: bool = True) -> int:
         """After pack_for_cpu, on float32: every linear whose weights (all shards of a fused one)
-        come as GGUF blocks of one type also keeps them, and reads them for decode-sized steps.
+        come as GGUF blocks of one type also keeps them, and reads them for decode-sized steps;
+        keep_dense=False drops its float32 weights (bigger steps then dequantize the blocks).
         blocks: (HF name, ggml type, raw [rows, row bytes]). Returns how many layers took them."""
-        from nextok.kernels.cpu_gguf_linear import BlockOrDenseLinear, GGUFBlockLinear
+        from nextok.kernels.cpu_gguf_linear import BlockLinear, BlockOrDenseLinear, GGUFBlockLinear
 
         shards: dict[str, dict[int, tuple[int, torch.Tensor]]] = {}
         for hf_name, type_id, raw in blocks:
@@ -149,7 +151,7 @@ class LlamaForCausalLM(nn.Module):
                                     bias=None if bias is None else bias.detach())
             parent_name, _, attr = module_name.rpartition(".")
             parent = self.get_submodule(parent_name) if parent_name else self
-            setattr(parent, attr, BlockOrDenseLinear(dense, layer))
+            setattr(parent, attr, BlockOrDenseLinear(dense, layer) if keep_dense else BlockLinear(layer))
             swapped += 1
         return swapped
 

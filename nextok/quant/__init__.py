@@ -5,21 +5,26 @@ method's layer (`quantize_model`), before anything else binds to the weights. Th
 embedding stay dense, as in vLLM: they are read once per step and hold the logits' precision.
 GGUF files that arrive quantized take their own path for now (kernels/cpu_gguf_linear.py,
 `--no-gguf-blocks` turns it off); AWQ, GPTQ and FP8 are still to come (issue 7).
+
+- int8: weight-only, one symmetric scale per output channel (quant/int8.py);
+- int4: weight-only round-to-nearest, asymmetric, groups of 128 (quant/int4.py), the baseline
+  AWQ and GPTQ must beat.
 """
 from __future__ import annotations
 
 from nextok.quant.base import QuantMethod, quantize_model
+from nextok.quant.int4 import Int4RoundToNearest
 from nextok.quant.int8 import Int8WeightOnly
 
-METHODS: dict[str, type[QuantMethod]] = {Int8WeightOnly.name: Int8WeightOnly}
+METHODS: dict[str, type[QuantMethod]] = {m.name: m for m in (Int8WeightOnly, Int4RoundToNearest)}
 
 
-def get_quant_method(name: str) -> QuantMethod:
+def get_quant_method(name: str, group_size: int = 128) -> QuantMethod:
     from nextok.errors import NextokError
 
     if name not in METHODS:
         raise NextokError(f"unknown --quantization {name!r}; known: {', '.join(sorted(METHODS))}")
-    return METHODS[name]()
+    return Int4RoundToNearest(group_size) if name == Int4RoundToNearest.name else METHODS[name]()
 
 
 __all__ = ["METHODS", "QuantMethod", "get_quant_method", "quantize_model"]

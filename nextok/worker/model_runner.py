@@ -64,7 +64,7 @@ class ModelRunner:
         if config.quantization:  # before anything binds to the dense weights
             from nextok.quant import get_quant_method, quantize_model
 
-            method = get_quant_method(config.quantization)
+            method = get_quant_method(config.quantization, config.quant_group_size)
             method.check(self.device, self.dtype)
             quantize_model(model, method)
         if self.device.type == "cuda" or config.cpu_kernels:
@@ -76,7 +76,7 @@ class ModelRunner:
             if blocks is not None and weights is not None and self._gguf_blocks_apply():
                 from nextok.kernels.cpu_gguf_linear import BLOCK_BYTES
 
-                model.use_gguf_blocks(blocks(tuple(BLOCK_BYTES)))
+                model.use_gguf_blocks(blocks(tuple(BLOCK_BYTES)), keep_dense=config.gguf_dense_copy)
         self.model = model.eval()
         self.sampler = Sampler()
         self.generators: dict[int, torch.Generator] = {}

@@ -20,3 +20,21 @@ def test_blocks_equal_dequantized_greedy(make_llm):
         b = dense.generate(PROMPTS[i:i + 5], sp)
         same += sum(x.outputs[0].token_ids == y.outputs[0].token_ids for x, y in zip(a, b))
     assert same >= 18, f"only {same} of 20 prompts gave the same greedy tokens"
+
+
+def test_blocks_only_drops_the_float32_copy_and_keeps_the_outputs(make_llm):
+    from nextok.bench.latency import weight_bytes
+    from nextok.kernels.cpu_gguf_linear import BlockLinear
+
+    only, blocks = make_llm(gguf_dense_copy=False), make_llm()
+    model = only.engine.runner.model
+    assert sum(isinstance(m, BlockLinear) for m in model.modules()) == 30 * 4 + 1
+    assert not any(isinstance(m, BlockOrDenseLinear) for m in model.modules())
+    # What stays float32 is the embedding (for lookups) and the norms: ~94 MB of blocks besides.
+    assert weight_bytes(model, decode=False) < 0.45 * weight_bytes(blocks.engine.runner.model, decode=False)
+    # 6 sequences: decode steps read the blocks; the prefill (> 8 rows) dequantizes them per call.
+    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    a = only.generate(PROMPTS[:6], sp)
+    b = blocks.generate(PROMPTS[:6], sp)
+    same = sum(x.outputs[0].token_ids == y.outputs[0].token_ids for x, y in zip(a, b))
+    assert same >= 5, f"only {same} of 6 prompts gave the same greedy tokens"

@@ -1,0 +1,89 @@
+"""INT4 weight-only by round-to-nearest at load (`--quantization int4`): the naive baseline
+that AWQ and GPTQ are judged against, at the same group size.
+
+Asymmetric, per group of `group_size` consecutive weights of a row (default 128):
+d = (max - min) / 15, m = min, q = round((W - m) / d) in [0, 15]; W ~ d * q + m. d and m are
+rounded to float16 first, so every path holds the same dequantized weights.
+
+- CPU, float32: GGUF Q4_1 blocks (float16 d and m, 16 bytes of nibbles per 32 weights) with the
+  group's d and m in each of its blocks, run through the GGUF block kernels: 5 bits per weight.
+- Elsewhere: q as uint8 [out, in] with d and m [out, groups], dequantized on every call
+  (correct, slow: the GPU's W4A16 kernel is still to come).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nextok.errors import NextokError
+from nextok.quant.base import QuantMethod
+
+Q4_1 = 3  # ggml's type id for Q4_1 blocks
+
+
+def quantize_groups(weight: torch.Tensor, group_size: int):
+    """weight [out, in] -> (q uint8 [out, in] in 0..15, d float16 [out, G], m float16 [out, G])."""
+    out, k = weight.shape
+    w = weight.float().view(out, k // group_size, group_size)
+    lo, hi = w.amin(dim=2), w.amax(dim=2)
+    d = ((hi - lo) / 15.0).to(torch.float16)
+    m = lo.to(torch.float16)
+    df, mf = d.float().unsqueeze(2), m.float().unsqueeze(2)
+    q = torch.where(df > 0, torch.round((w - mf) / torch.where(df > 0, df, 1.0)), 0.0).clamp_(0, 15)
+    return q.to(torch.uint8).view(out, k), d, m
+
+
+def dequantize_groups(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    out, k = q.shape
+    g = k // d.shape[1]
+    w = q.float().view(out, -1, g) * d.float().unsqueeze(2) + m.float().unsqueeze(2)
+    return w.view(out, k)
+
+
+def q4_1_blocks(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """-> Q4_1 blocks [out, in / 32 * 20] uint8: per 32 weights f16 d, f16 m, then byte j holds
+    q[j] in its low nibble and q[j + 16] in its high one."""
+    out, k = q.shape
+    nb = k // 32
+    per_group = nb // d.shape[1]
+    dm = torch.stack([d, m], dim=2).repeat_interleave(per_group, dim=1)  # [out, nb, 2] f16
+    qb = q.view(out, nb, 32)
+    nibbles = (qb[:, :, :16] | (qb[:, :, 16:] << 4)).contiguous()  # [out, nb, 16]
+    return torch.cat([dm.contiguous().view(torch.uint8), nibbles], dim=2).reshape(out, nb * 20)
+
+
+class Int4Linear(nn.Module):
+    """y = x @ (d * q + m).T + bias, dequantized per call. x: [T, in] -> [T, out]."""
+
+    def __init__(self, q, d, m, bias):
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        for name, t in (("qweight", q), ("scales", d), ("mins", m)):
+            self.register_buffer(name, t)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = dequantize_groups(self.qweight, self.scales, self.mins).to(x.dtype)
+        return nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
+
+
+class Int4RoundToNearest(QuantMethod):
+    name = "int4"
+
+    def __init__(self, group_size: int = 128):
+        if group_size < 32 or group_size % 32:
+            raise NextokError(f"--quant-group-size must be a multiple of 32, got {group_size}")
+        self.group_size = group_size
+
+    def create_layer(self, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+        out, k = weight.shape
+        if k % self.group_size:
+            raise NextokError(f"int4 with --quant-group-size {self.group_size}: a layer has {k} "
+                              f"inputs, not a multiple of it")
+        q, d, m = quantize_groups(weight, self.group_size)
+        if weight.device.type == "cpu" and weight.dtype == torch.float32:
+            from nextok.kernels.cpu_gguf_linear import BlockLinear, GGUFBlockLinear, load_gguf_matmul
+
+            if load_gguf_matmul() is not None:
+                return BlockLinear(GGUFBlockLinear(q4_1_blocks(q, d, m), Q4_1, out, k, bias=bias))
+        return Int4Linear(q.to(weight.device), d.to(weight.device), m.to(weight.device), bias)

@@ -1,0 +1,65 @@
+"""INT4 round-to-nearest (`--quantization int4`): the quantizer, the Q4_1 layout, each layer
+against dequantize-then-matmul."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nextok.errors import NextokError
+from nextok.kernels.cpu_gguf_linear import BlockLinear, load_gguf_matmul
+from nextok.quant.int4 import Int4Linear, Int4RoundToNearest, dequantize_groups, quantize_groups
+
+needs_kernel = pytest.mark.skipif(load_gguf_matmul() is None, reason="no C compiler")
+
+
+def _weight(out=48, k=256):
+    w = torch.randn(out, k, generator=torch.Generator().manual_seed(1))
+    w[2, :128] = 0.5  # a constant group: d = 0
+    return w
+
+
+def test_quantizer_rounds_each_group_to_its_16_levels():
+    w = _weight()
+    q, d, m = quantize_groups(w, 128)
+    assert q.dtype == torch.uint8 and int(q.max()) <= 15 and d.shape == m.shape == (48, 2)
+    assert d[2, 0] == 0 and bool((dequantize_groups(q, d, m)[2, :128] == m[2, 0].float()).all())
+    err = (dequantize_groups(q, d, m) - w).abs().view(48, 2, 128)
+    # within half a step, plus float16's rounding of the group's minimum
+    assert bool((err <= d.float().unsqueeze(2) / 2 + m.float().abs().unsqueeze(2) * 2 ** -10 + 1e-6).all())
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 4, 8, 12])
+def test_cpu_block_layer_equals_dequantize_then_matmul(rows):
+    w, bias = _weight(), torch.randn(48)
+    layer = Int4RoundToNearest(128).create_layer(w, bias)
+    assert isinstance(layer, BlockLinear) and layer.blocks.type_id == 3  # Q4_1 blocks
+    dense = dequantize_groups(*quantize_groups(w, 128))
+    assert torch.equal(layer.blocks.dequantize(), dense)
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
+    torch.testing.assert_close(layer(x), x @ dense.T + bias, rtol=1e-5, atol=1e-5)
+
+
+def test_generic_layer_and_bad_group_sizes():
+    w = _weight()
+    q, d, m = quantize_groups(w, 64)
+    layer = Int4Linear(q, d, m, None)
+    x = torch.randn(3, 256)
+    torch.testing.assert_close(layer(x), x @ dequantize_groups(q, d, m).T, rtol=1e-5, atol=1e-5)
+    with pytest.raises(NextokError, match="--quant-group-size must be a multiple of 32"):
+        Int4RoundToNearest(48)
+    with pytest.raises(NextokError, match="not a multiple of it"):
+        Int4RoundToNearest(128).create_layer(torch.randn(8, 96), None)
+
+
+def test_int4_engine_on_the_default_model(make_llm):
+    from nextok import SamplingParams
+    from tests.prompts import PROMPTS
+
+    with pytest.raises(NextokError, match="576 inputs, not a multiple of it"):
+        make_llm(quantization="int4")  # SmolLM2's hidden size is 576: groups of 128 do not fit
+    llm = make_llm(quantization="int4", quant_group_size=64)
+    layers = [m for m in llm.engine.runner.model.layers.modules() if isinstance(m, BlockLinear)]
+    assert len(layers) == 4 * 30 and all(m.blocks.type_id == 3 for m in layers)
+    out = llm.generate(PROMPTS[:3], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 8 for o in out)
