@@ -151,7 +151,9 @@ class Scores:
         return sum(f["nll_sum"] for f in self.per_file) / self.tokens
 
 
+@torch.inference_mode()
 def score(scorer: WindowScorer, docs: list[tuple[str, list[int]]], context: int, stride: int) -> Scores:
+    """NLL sums per document, kept on the device (one host sync at the end)."""
     sums, windows, fed = [], 0, 0
     for _, ids in docs:
         t = torch.tensor(ids, dtype=torch.long, device=scorer.device)
@@ -160,7 +162,7 @@ def score(scorer: WindowScorer, docs: list[tuple[str, list[int]]], context: int,
             total += scorer.nll(t, w).double().sum()
             windows, fed = windows + 1, fed + w.end - 1 - w.start
         sums.append(total)
-    values = torch.stack(sums).tolist() if sums else []  # the one host sync
+    values = torch.stack(sums).tolist() if sums else []
     per_file = [{"file": name, "tokens": len(ids) - 1, "nll_sum": v} for (name, ids), v in zip(docs, values)]
     return Scores(per_file, windows, fed)
 
