@@ -173,7 +173,19 @@ def _load_safetensors(directory: str) -> Checkpoint:
         if missing:
             raise ModelLoadError(f"{shard} lacks {len(missing)} tensors its index lists, "
                                  f"e.g. {missing[0]!r}")
-    return Checkpoint(directory, "safetensors", cfg, lambda: _iter_safetensors(shards))
+    qc = cfg.get("quantization_config")
+    if qc is None:
+        return Checkpoint(directory, "safetensors", cfg, lambda: _iter_safetensors(shards))
+    method = qc.get("quant_method") if isinstance(qc, dict) else None
+    if method != "awq":
+        raise ModelLoadError(f"{directory}: quantization_config with quant_method {method!r} is "
+                             f"not supported (supported: awq)")
+    from nextok.model import awq
+
+    group = awq.check_config(qc)
+    return Checkpoint(directory, "safetensors", cfg,
+                      lambda: awq.weights(_iter_safetensors(shards), group),
+                      lambda type_ids: awq.blocks(_iter_safetensors(shards), group, type_ids))
 
 
 def _open_safetensors(path: str):
