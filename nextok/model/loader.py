@@ -177,15 +177,16 @@ def _load_safetensors(directory: str) -> Checkpoint:
     if qc is None:
         return Checkpoint(directory, "safetensors", cfg, lambda: _iter_safetensors(shards))
     method = qc.get("quant_method") if isinstance(qc, dict) else None
-    if method != "awq":
+    if method not in ("awq", "gptq"):
         raise ModelLoadError(f"{directory}: quantization_config with quant_method {method!r} is "
-                             f"not supported (supported: awq)")
-    from nextok.model import awq
+                             f"not supported (supported: awq, gptq)")
+    from nextok.model import awq, gptq
 
-    group = awq.check_config(qc)
+    fmt = awq if method == "awq" else gptq
+    group = fmt.check_config(qc)
     return Checkpoint(directory, "safetensors", cfg,
-                      lambda: awq.weights(_iter_safetensors(shards), group),
-                      lambda type_ids: awq.blocks(_iter_safetensors(shards), group, type_ids))
+                      lambda: fmt.weights(_iter_safetensors(shards), group),
+                      lambda type_ids: fmt.blocks(_iter_safetensors(shards), group, type_ids))
 
 
 def _open_safetensors(path: str):
