@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     from nextok.server import serve
 
     serve.add_parser(sub, add_engine_args)
+    from nextok.quant import quantize_cmd
+
+    quantize_cmd.add_parser(sub, add_engine_args)
     from nextok.eval import ppl
 
     ppl.add_parser(sub, add_engine_args)
