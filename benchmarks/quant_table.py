@@ -4,7 +4,8 @@ per way of holding the weights, all engines in one process, decode rounds interl
     .venv/bin/python benchmarks/quant_table.py --output benchmarks/results/DATE-quant-cpu.json \
         [--max-tokens 4096] [--rounds 3]
 
-Perplexity: `nextok eval ppl`'s evaluation (held-out stdlib code, windows of 256 tokens, stride
+The 4-bit GPTQ-format rows are checkpoints that `nextok quantize` writes (once) from the same
+model. Perplexity: `nextok eval ppl`'s evaluation (held-out stdlib code, windows of 256 tokens, stride
 128). Decode: (t(1 + 32 tokens) - t(1 token)) / 32 at batch 1 on a 128-token random prompt,
 as `nextok bench latency` does, median over the rounds. Weight bytes: every weight the engine
 holds (bench latency's param_bytes; the tied lm_head counted once).
@@ -35,6 +36,10 @@ VARIANTS = {  # name -> engine kwargs (the default model, a GGUF Q4_1 file)
                                                  quant_group_size=64),
     "bfloat16 (dequantized at load)": dict(dtype="bfloat16"),
 }
+# 4-bit checkpoints written by `nextok quantize` (GPTQ format, groups of 64) from the same model,
+# loaded with their weights kept only as Q4_1 blocks.
+QUANTIZED = {"int4 RTN, GPTQ format (groups of 64)": "rtn",
+             "int4 GPTQ (groups of 64, `nextok quantize`)": "gptq"}
 
 
 def main() -> int:
@@ -43,7 +48,17 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=4096, help="tokens scored for perplexity")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default=None, help="comma-separated subset of the variants")
+    ap.add_argument("--quantized-dir", default=os.path.expanduser("~/.cache/nextok/quant-table"),
+                    help="where the `nextok quantize` checkpoints are written (reused if there)")
     args = ap.parse_args()
+    for name, method in QUANTIZED.items():
+        out = os.path.join(args.quantized_dir, f"{method}-g64")
+        if not os.path.exists(os.path.join(out, "model.safetensors")):
+            from nextok.cli import main as cli
+
+            if cli(["quantize", out, "--method", method, "--group-size", "64"]) != 0:
+                raise SystemExit(f"nextok quantize --method {method} failed")
+        VARIANTS[name] = dict(model=out, dtype="float32", gguf_dense_copy=False)
     names = [n for n in VARIANTS if not args.only or any(o in n for o in args.only.split(","))]
     engines = {n: LLM(kv_cache_memory=128 << 20, **VARIANTS[n]) for n in names}
     rows = {n: {"engine_kwargs": VARIANTS[n], "decode_ms": []} for n in names}
