@@ -114,10 +114,8 @@ def blocks(tensors: Iterator[tuple[str, torch.Tensor]], group: int,
     and the groups are whole blocks."""
     if Q4_1 not in type_ids or group % 32:
         return
-    from nextok.quant.int4 import q4_1_blocks
+    from nextok.quant.int4 import zero_point_blocks
 
     for kind, name, value in _grouped(tensors, group):
         if kind == "awq":
-            q, z, s = value
-            m = (-(z.float() * s.float())).to(torch.float16)
-            yield name, Q4_1, q4_1_blocks(q, s, m)
+            yield name, Q4_1, zero_point_blocks(*value)

@@ -128,7 +128,7 @@ def blocks(tensors, group: int, type_ids: tuple[int, ...]) -> Iterator[tuple[str
     """(X.weight, Q4_1, raw blocks) per GPTQ linear whose groups are contiguous whole blocks."""
     if Q4_1 not in type_ids:
         return
-    from nextok.quant.int4 import q4_1_blocks
+    from nextok.quant.int4 import zero_point_blocks
 
     for kind, name, value in _grouped(tensors, group):
         if kind != "gptq":
@@ -138,5 +138,4 @@ def blocks(tensors, group: int, type_ids: tuple[int, ...]) -> Iterator[tuple[str
         g = k // s.shape[1]
         if g % 32 or not torch.equal(g_idx, torch.arange(k) // g):
             continue  # act-order or odd groups: this layer stays dense
-        m = (-(z.float() * s.float())).to(torch.float16)
-        yield name, Q4_1, q4_1_blocks(q, s, m)
+        yield name, Q4_1, zero_point_blocks(q, z, s)

@@ -52,6 +52,12 @@ def q4_1_blocks(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tens
     return torch.cat([dm.contiguous().view(torch.uint8), nibbles], dim=2).reshape(out, nb * 20)
 
 
+def zero_point_blocks(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """Weights s * (q - z) (AWQ's and GPTQ's definition; q [out, in], z and s [out, G]) as Q4_1
+    blocks: d = s, m = -z * s rounded to float16, at most |z * s| * 2^-11 from the definition."""
+    return q4_1_blocks(q, s.to(torch.float16), (-(z.float() * s.float())).to(torch.float16))
+
+
 class Int4Linear(nn.Module):
     """y = x @ (d * q + m).T + bias, dequantized per call. x: [T, in] -> [T, out]."""
 
