@@ -22,9 +22,9 @@ from collections.abc import Iterator
 import torch
 
 from nextok.errors import ModelLoadError
+from nextok.model.packed_int4 import PARTS, check_layer
 
 ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # nibble i of a packed int32 -> output channel 8c + ORDER[i]
-PARTS = ("qweight", "qzeros", "scales")
 Q4_1 = 3
 
 
@@ -59,22 +59,9 @@ def pack(values: torch.Tensor) -> torch.Tensor:
 
 def _parts(name: str, parts: dict[str, torch.Tensor], group: int) -> tuple[torch.Tensor, ...]:
     """Validated (q [out, in] uint8, z [out, G] uint8, s [out, G] float16) of linear `name`."""
-    missing = [p for p in PARTS if p not in parts]
-    if missing:
-        raise ModelLoadError(f"AWQ layer {name!r} lacks {', '.join(name + '.' + p for p in missing)}")
-    qw, qz, sc = (parts[p] for p in PARTS)
-    if qw.dtype != torch.int32 or qz.dtype != torch.int32:
-        raise ModelLoadError(f"AWQ layer {name!r}: qweight and qzeros must be int32, got "
-                             f"{qw.dtype} and {qz.dtype}")
-    k, out = qw.shape[0], qw.shape[1] * 8
-    if k % group:
-        raise ModelLoadError(f"AWQ layer {name!r}: {k} input channels are not a multiple of "
-                             f"group_size {group}")
-    if tuple(sc.shape) != (k // group, out) or tuple(qz.shape) != (k // group, out // 8):
-        raise ModelLoadError(
-            f"AWQ layer {name!r} does not match group_size {group}: qweight {tuple(qw.shape)} "
-            f"needs scales {(k // group, out)} and qzeros {(k // group, out // 8)}, got "
-            f"{tuple(sc.shape)} and {tuple(qz.shape)}")
+    # qweight [in, out / 8]: the nibbles pack output channels
+    qw, qz, sc, _, _ = check_layer("AWQ", name, parts, group,
+                                   lambda qw: (qw.shape[0], qw.shape[1] * 8))
     return unpack(qw).T.contiguous(), unpack(qz).T.contiguous(), sc.to(torch.float16).T.contiguous()
 
 

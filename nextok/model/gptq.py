@@ -23,8 +23,7 @@ from collections.abc import Iterator
 import torch
 
 from nextok.errors import ModelLoadError
-
-PARTS = ("qweight", "qzeros", "scales")  # and the optional g_idx
+from nextok.model.packed_int4 import PARTS, check_layer  # and the optional g_idx
 Q4_1 = 3
 
 
@@ -70,23 +69,9 @@ def pack_cols(values: torch.Tensor) -> torch.Tensor:
 def _parts(name: str, parts: dict[str, torch.Tensor], group: int):
     """Validated (q [out, in] uint8, z [out, G] uint8 (true zero points), s [out, G] float16,
     g_idx [in] long) of linear `name`."""
-    missing = [p for p in PARTS if p not in parts]
-    if missing:
-        raise ModelLoadError(f"GPTQ layer {name!r} lacks {', '.join(name + '.' + p for p in missing)}")
-    qw, qz, sc = (parts[p] for p in PARTS)
-    if qw.dtype != torch.int32 or qz.dtype != torch.int32:
-        raise ModelLoadError(f"GPTQ layer {name!r}: qweight and qzeros must be int32, got "
-                             f"{qw.dtype} and {qz.dtype}")
-    k, out = qw.shape[0] * 8, qw.shape[1]
-    g = k if group == -1 else group
-    if k % g:
-        raise ModelLoadError(f"GPTQ layer {name!r}: {k} input channels are not a multiple of "
-                             f"group_size {group}")
-    if tuple(sc.shape) != (k // g, out) or tuple(qz.shape) != (k // g, out // 8):
-        raise ModelLoadError(
-            f"GPTQ layer {name!r} does not match group_size {group}: qweight {tuple(qw.shape)} "
-            f"needs scales {(k // g, out)} and qzeros {(k // g, out // 8)}, got "
-            f"{tuple(sc.shape)} and {tuple(qz.shape)}")
+    # qweight [in / 8, out]: the nibbles pack input channels
+    qw, qz, sc, k, g = check_layer("GPTQ", name, parts, group,
+                                   lambda qw: (qw.shape[0] * 8, qw.shape[1]))
     g_idx = parts.get("g_idx")
     if g_idx is None:
         g_idx = torch.arange(k) // g
