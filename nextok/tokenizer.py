@@ -189,6 +189,18 @@ class Tokenizer:
         """The underlying `tokenizers.Tokenizer` (e.g. to save it as tokenizer.json)."""
         return self._tok
 
+    def save(self, directory: str) -> None:
+        """Writes tokenizer.json, tokenizer_config.json and generation_config.json (the EOS ids)
+        into directory, in the layout `from_dir` (and transformers) read back."""
+        os.makedirs(directory, exist_ok=True)
+        self._tok.save(os.path.join(directory, "tokenizer.json"))
+        cfg = {"bos_token": self.bos_token, "eos_token": self.eos_token,
+               "add_bos_token": self._add_bos, "chat_template": self.chat_template}
+        with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+            json.dump({k: v for k, v in cfg.items() if v is not None}, f, indent=1)
+        with open(os.path.join(directory, "generation_config.json"), "w") as f:
+            json.dump({"eos_token_id": list(self.eos_token_ids)}, f)
+
     @property
     def bos_token(self) -> str | None:
         return self.id_to_token(self.bos_token_id) if self.bos_token_id is not None else None

@@ -4,6 +4,10 @@
 #   bash benchmarks/gpu/issue6.sh compile-baseline  8B batch 1 vs transformers' static cache + compile
 #   bash benchmarks/gpu/issue6.sh throughput        1000 x 512 -> 256 on the dummy Llama-3.1-8B vs HF
 #   bash benchmarks/gpu/issue6.sh fp32-check        bf16 greedy of nextok and HF against HF float32
+#   bash benchmarks/gpu/issue6.sh kernels           kernel tests and table, latency, profile, GEMV probe
+#   bash benchmarks/gpu/issue6.sh model             the real model checks and the float32 check
+# (kernels, model and compile-baseline: three back-to-back calls of one session. The first copies
+# gguf_a to /tmp, the second carries gguf_b, so no call carries more than 64 MiB.)
 # Inputs carried in .gpucarry/ (ignored by git): the default GGUF in two halves (gguf_a/part,
 # gguf_b/part: one call carries at most 64 MiB) with its sha256, a tokenizer directory for the
 # dummy checkpoints (the ids only need some tokenizer), and .whl/ with the gguf wheel that
@@ -20,7 +24,50 @@ if [ -d .whl ]; then
 fi
 step() { echo "=== $* ($(date -u +%T))"; }
 
+join_model() {
+    mkdir -p /tmp/model
+    M=/tmp/model/SmolLM2-135M-Instruct.Q4_1.gguf
+    [ -f .gpucarry/gguf_a/part ] && cp .gpucarry/gguf_a/part /tmp/model/part_a
+    [ -f $M ] || cat /tmp/model/part_a .gpucarry/gguf_b/part > $M 2>/dev/null
+    [ "$(sha256sum $M 2>/dev/null | cut -c1-64)" = "$(cat .gpucarry/gguf.sha256)" ]
+}
+
 case "${1:-}" in
+kernels)
+    step environment
+    { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+      python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)'
+      echo "commit ${NEXTOK_COMMIT:-unknown}"; } | tee "$OUT/env.txt"
+    join_model || true  # only keeps gguf_a in /tmp for the next call
+    step kernel tests on CUDA, realistic shapes
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_fused.py \
+        tests/kernels/test_triton_attention.py tests/e2e/test_triton_engine.py 2>&1 | tail -8 \
+        | tee "$OUT/kernel-tests.txt"
+    step bench kernels
+    timeout 120 python3 -m nextok bench kernels --device cuda --dtype bfloat16 \
+        --output "$OUT/kernels.json" 2>&1 | tail -30
+    step bench latency, Llama-3.1-8B shape
+    timeout ${T_8B:-150} python3 -m nextok bench latency --model benchmarks/configs/llama-3.1-8b $DUMMY \
+        --batch-sizes 1,8,32 --repeats 3 --cuda-graph-max-batch 32 \
+        --output "$OUT/latency-llama-8b.json" 2>&1 | tail -8
+    step profile of decode steps, Llama-3.1-8B shape
+    PROFILE_ASYNC_ONLY=1 timeout ${T_PROF:-100} python3 benchmarks/gpu/profile_step.py \
+        benchmarks/configs/llama-3.1-8b $TOK "$OUT/profile-llama-8b.json" 1 32 2>&1 | grep -v Warning | tail -60
+    step GEMV probe: Triton vs cuBLAS at decode shapes
+    timeout ${T_GEMV:-100} python3 benchmarks/gpu/gemv_probe.py "$OUT/gemv-probe.json" 2>&1 | grep -v "^  " | tail -14
+    ;;
+model)
+    step the real model: triton vs transformers, triton vs torch backend, async vs sync
+    if join_model; then
+        timeout ${T_REAL:-200} python3 benchmarks/gpu/real_model_check.py $M "$OUT/real-model.json" 2>&1 \
+            | grep -v '^ *\[\|^ *[0-9.,-]*$' | tail -30
+        step bf16 greedy vs float32, transformers and nextok, the real model
+        timeout ${T_FP32:-150} python3 benchmarks/gpu/fp32_reference_check.py $M \
+            "$OUT/fp32-reference.json" 2>&1 | grep -v Warning | tail -20
+    else
+        echo "model halves missing or corrupt: skipped"
+    fi
+    ;;
 check)
     step environment
     { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader

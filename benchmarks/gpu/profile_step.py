@@ -83,10 +83,12 @@ def run_case(llm, b: int, vocab: int) -> dict:
     step_ms = (total - prefill) / STEPS * 1e3
     busy_ms = union_us(device_intervals(prof)) / 1e3
     kinds: dict[str, float] = {}
+    kernels: dict[str, list] = {}  # kind -> [(ms per run, launches, kernel name)]
     for e in prof.key_averages():
         dt = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
         if dt and e.device_type == torch.autograd.DeviceType.CUDA:
             kinds[kind(e.key)] = kinds.get(kind(e.key), 0.0) + dt / 1e3
+            kernels.setdefault(kind(e.key), []).append((dt / 1e3, e.count, e.key[:100]))
     # The profiled run is the prefill plus STEPS decode steps; per step, the prefill's share
     # (its wall time) is taken out of the busy time as if it kept the GPU busy throughout.
     per_step_busy = max(busy_ms - prefill * 1e3, 0.0) / STEPS
@@ -94,6 +96,7 @@ def run_case(llm, b: int, vocab: int) -> dict:
     return {"batch": b, "wall_step_ms": step_ms, "gpu_busy_step_ms": per_step_busy,
             "gpu_idle_step_ms": step_ms - per_step_busy,
             "kernel_ms_per_run_by_kind": dict(top), "profiled_run_ms": total * 1e3,
+            "top_kernels_by_kind": {k: sorted(v, reverse=True)[:3] for k, v in kernels.items()},
             "prefill_ms": prefill * 1e3}
 
 
@@ -103,7 +106,10 @@ def main() -> int:
     common = dict(model=config, load_format="dummy", tokenizer=tokenizer, dtype="bfloat16",
                   max_model_len=2048, kv_cache_memory=24 << 30)
     result = {"config": config, "steps": STEPS, "input_len": INPUT, "cases": {}}
-    for name, kw in (("async", {}), ("sync", {"async_scheduling": "off"})):
+    engines = (("async", {}), ("sync", {"async_scheduling": "off"}))
+    if os.environ.get("PROFILE_ASYNC_ONLY"):
+        engines = engines[:1]
+    for name, kw in engines:
         llm = LLM(**common, **kw)
         vocab = llm.engine.config.model.vocab_size
         result["cases"][name] = [run_case(llm, b, vocab) for b in sizes]
@@ -112,6 +118,8 @@ def main() -> int:
                   f"{c['gpu_busy_step_ms']:.3f} ms, idle {c['gpu_idle_step_ms']:.3f} ms", flush=True)
             for k, v in c["kernel_ms_per_run_by_kind"].items():
                 print(f"        {v / STEPS:8.3f} ms/step  {k}")
+                for ms, count, name in c["top_kernels_by_kind"][k]:
+                    print(f"                 {ms / STEPS:8.3f} ms/step, {count / STEPS:6.1f}/step  {name}")
         del llm
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:

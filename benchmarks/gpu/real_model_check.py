@@ -140,18 +140,23 @@ def main() -> int:
     for mode in ("one_at_a_time", "batched"):
         outs = ([llm.generate([p], params)[0] for p in prompts] if mode == "one_at_a_time"
                 else llm.generate(prompts, params))
-        exact = 0
+        exact, agree = 0, []
         for text, ids, o in zip(PROMPTS, prompts, outs):
             ours = o.outputs[0].token_ids
             ref, logits = hf_greedy(hf, ids)
             if ours == ref:
                 exact += 1
+                agree.append(NEW)
                 continue
             step = next(i for i, (a, b) in enumerate(zip(ours, ref)) if a != b)
+            agree.append(step)
             top2 = logits[step].topk(2).values
             result["prompts"].append({"mode": mode, "prompt": text, "step": step,
                                       "top2_gap": (top2[0] - top2[1]).item()})
         result[f"exact_{mode}"] = exact
+        # The same runs cut at fewer tokens: how many agree on their first 16 and 32.
+        result[f"exact_{mode}_by_length"] = {n: sum(a >= n for a in agree) for n in (16, 32, NEW)}
+        result[f"mean_common_prefix_{mode}"] = sum(agree) / len(agree)
     result["backends"] = [backend_logits(llm, p) for p in prompts[:4]]
     result["async_vs_sync"] = async_vs_sync(llm, path, prompts)
     print(json.dumps(result, indent=1))

@@ -45,6 +45,7 @@ class AttentionBackend:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float) -> torch.Tensor:
-        """q: [T, H, D]; k, v: [T, KVH, D] (new tokens). Stores k, v, returns [T, H, D]."""
+                scale: float, kv_stored: bool = False) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, KVH, D] (new tokens). Stores k, v at meta.slot_mapping unless
+        the caller already has (kv_stored: the fused RoPE kernel did), returns [T, H, D]."""
         raise NotImplementedError

@@ -1,10 +1,11 @@
 """Triton attention over the paged KV pool (kernels/triton/attention.py), on CUDA or in Triton's
 interpreter. Same semantics as TorchRefBackend, read from the same cache layout.
 
-Per layer call: one KV-store launch; one split-KV decode launch (+ one reduce) for all the
-single-token queries; one SDPA call per chunk without a cached prefix, and one launch for all
-the chunks that continue a cached prefix. The decode path reads context
-lengths on the device and has no host syncs, so it can be captured in a CUDA graph.
+Per layer call: one KV-store launch (none on CUDA, where the fused RoPE kernel stores k and v);
+one split-KV decode launch for all the single-token queries (its last split merges the others);
+one SDPA call per chunk without a cached prefix, and one launch for all the chunks that continue
+a cached prefix. The decode path reads context lengths on the device and has no host syncs, so
+it can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ class TritonBackend(AttentionBackend):
         # The chunk tensors of the last step's metadata: every layer of a step reuses them.
         self._step: tuple | None = None  # (meta, fresh chunks, info, tables, max_q): see _chunk_tensors
 
-    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float):
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+                kv_stored: bool = False):
         # q: [T, H, D]; k, v: [T, KVH, D]; caches: [num_blocks, block_size, KVH, D]
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if not kv_stored:  # (on CUDA the fused RoPE kernel has stored them)
+            store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         nd = meta.num_decode
         if nd:

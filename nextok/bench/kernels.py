@@ -145,17 +145,26 @@ def _fused_rows(timer: Timer, model: str, shape, t: int, dtype, copy_gbps: float
     angles = torch.rand(t, 1, head_dim // 2, generator=gen, device=dev) * 100
     cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
     nh = heads + kv_heads
+    kv_rows = t * kv_heads * head_dim
+    slots = torch.arange(t, device=dev)  # pages of 16 rows, filled in order
+    caches = [torch.zeros(t // 16 + 1, 16, kv_heads, head_dim, dtype=dtype, device=dev)
+              for _ in range(2)]
     ops = {  # op -> (shape, bytes read + written, fn(ops) on fresh copies of the inputs)
         "add_rms_norm": (f"[{t}, {hidden}]", (4 * t * hidden + hidden) * es,
                          lambda o: o.add_rms_norm(x, res.clone(), w, EPS)[0]),
         "silu_mul": (f"[{t}, 2x{inter}]", 3 * t * inter * es, lambda o: o.silu_mul(gate_up)),
         "rope_neox": (f"[{t}, {nh}x{head_dim}]", (2 * nh + 1) * t * head_dim * es,
                       lambda o: _rope_copy(o, qkv, nh, head_dim, cos, sin)),
+        # + v read, k and v written to the paged caches; the torch version is RoPE + index_copy_
+        "rope_neox_store_kv": (f"[{t}, {nh}x{head_dim}] + kv", ((2 * nh + 1) * t * head_dim + 3 * kv_rows) * es,
+                               lambda o: _rope_store_copy(o, qkv, heads, kv_heads, head_dim, cos, sin, slots)),
     }
     timed = {  # the same ops in place where they are in place: no copies inside the timed loop
         "add_rms_norm": lambda o: o.add_rms_norm(x, res, w, EPS),
         "silu_mul": lambda o: o.silu_mul(gate_up),
         "rope_neox": lambda o: o.rope_neox(qkv, nh, head_dim, cos, sin),
+        "rope_neox_store_kv": lambda o: o.rope_neox_store_kv(qkv, heads, kv_heads, head_dim, cos, sin,
+                                                             *caches, slots),
     }
     fused, ref, rows = TritonFusedOps(), RefFusedOps(), []
     for op, (desc, nbytes, check) in ops.items():
@@ -174,6 +183,17 @@ def _rope_copy(ops, qkv, num_heads, head_dim, cos, sin):
     out = qkv.clone()
     ops.rope_neox(out, num_heads, head_dim, cos, sin)
     return out
+
+
+def _rope_store_copy(ops, qkv, heads, kv_heads, head_dim, cos, sin, slots):
+    """The rotated qkv rows and both caches, flattened into one tensor to compare."""
+    import torch
+
+    out = qkv.clone()
+    caches = [torch.zeros(len(slots) // 16 + 1, 16, kv_heads, head_dim, dtype=qkv.dtype,
+                          device=qkv.device) for _ in range(2)]
+    ops.rope_neox_store_kv(out, heads, kv_heads, head_dim, cos, sin, *caches, slots)
+    return torch.cat([out.flatten()] + [c.flatten() for c in caches])
 
 
 # ---- attention ---------------------------------------------------------------------------------

@@ -41,3 +41,17 @@ class RefFusedOps:
         heads = qkv[:, :num_heads * head_dim].view(t, num_heads, head_dim)
         cos, sin = cos.reshape(t, 1, head_dim // 2), sin.reshape(t, 1, head_dim // 2)
         heads.copy_(RotaryEmbedding.rotate(heads, cos, sin))
+
+    def rope_neox_store_kv(self, qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int,
+                           head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
+                           k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           slot_mapping: torch.Tensor) -> None:
+        """rope_neox on the q and k heads, then the rotated k heads and the v heads of each row
+        into the caches [num_blocks, block_size, KVH, D] at slot_mapping [T] (-1: not stored)."""
+        self.rope_neox(qkv, num_q_heads + num_kv_heads, head_dim, cos, sin)
+        t, kv = qkv.shape[0], num_kv_heads * head_dim
+        k = qkv[:, num_q_heads * head_dim:][:, :kv].reshape(t, num_kv_heads, head_dim)
+        v = qkv[:, num_q_heads * head_dim + kv:][:, :kv].reshape(t, num_kv_heads, head_dim)
+        keep = slot_mapping >= 0
+        for cache, x in ((k_cache, k), (v_cache, v)):
+            cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping[keep], x[keep])

@@ -30,22 +30,26 @@ class Attention(nn.Module):
                                   bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.fused = None  # fused elementwise ops (kernels/select.py), bound by the model runner
+        self.store_kv_in_rope = False  # the fused ops also write k, v to the cache (set_fused_ops)
 
     def forward(self, x, rope_cos_sin, kv_cache, meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
         # x: [T, hidden]; rope_cos_sin: ([T, 1, D/2], [T, 1, D/2]) for this step's positions
         t = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
-        if self.fused is not None:  # rotates the q and k heads inside qkv, in place
-            cos, sin = rope_cos_sin
-            self.fused.rope_neox(qkv, self.num_heads + self.num_kv_heads, self.head_dim, cos, sin)
-            qk = qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
-        else:
-            qk = qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+        stored = False
+        if self.fused is not None and self.store_kv_in_rope:  # rope and the KV store: one launch
+            self.fused.rope_neox_store_kv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+                                          *rope_cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping)
+            stored = True
+        elif self.fused is not None:  # rotates the q and k heads inside qkv, in place
+            self.fused.rope_neox(qkv, self.num_heads + self.num_kv_heads, self.head_dim, *rope_cos_sin)
+        qk = qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+        if self.fused is None:
             qk = RotaryEmbedding.rotate(qk, *rope_cos_sin)  # q and k heads in one pass
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
-        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, kv_stored=stored)
         return self.o_proj(out.reshape(t, self.q_size))
 
 
@@ -117,6 +121,8 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if hasattr(module, "fused"):
                 module.fused = ops
+            if isinstance(module, Attention):
+                module.store_kv_in_rope = hasattr(ops, "rope_neox_store_kv")
 
     def use_gguf_blocks(self, blocks: Iterable[tuple[str, int, torch.Tensor]],
                         keep_dense: bool = True) -> int:

@@ -145,10 +145,4 @@ def _write(out: str, tensors: dict, hf_config: dict, tokenizer, args) -> None:
                                   "quantizer": f"nextok {args.method}"}
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
-    tokenizer.backend.save(os.path.join(out, "tokenizer.json"))
-    tok_cfg = {"bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token,
-               "add_bos_token": tokenizer._add_bos, "chat_template": tokenizer.chat_template}
-    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
-        json.dump({k: v for k, v in tok_cfg.items() if v is not None}, f, indent=1)
-    with open(os.path.join(out, "generation_config.json"), "w") as f:
-        json.dump({"eos_token_id": list(tokenizer.eos_token_ids)}, f)
+    tokenizer.save(out)

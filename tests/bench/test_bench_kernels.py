@@ -31,7 +31,7 @@ def test_quick_cpu_run_writes_the_table_and_json(tmp_path):
     assert {"commit", "machine", "command", "time_utc"} <= result.keys()
     assert result["copy_bandwidth_gbps"] > 0
     rows = result["fused"]
-    assert sorted({r["op"] for r in rows}) == ["add_rms_norm", "rope_neox", "silu_mul"]
+    assert sorted({r["op"] for r in rows}) == ["add_rms_norm", "rope_neox", "rope_neox_store_kv", "silu_mul"]
     assert sorted({r["tokens"] for r in rows}) == [1, 4]
     for r in rows:
         assert FUSED_FIELDS <= r.keys()

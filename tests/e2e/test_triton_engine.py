@@ -41,3 +41,25 @@ def test_triton_engine_equals_torch_engine(engines):
     assert ours == ref
     again = [o.outputs[0].token_ids for o in triton_llm.generate(prompts[2:], params)]
     assert again == ref[2:]  # now served from the prefix cache
+
+
+def test_fused_rope_and_kv_store_keep_the_tokens(engines):
+    """The CUDA binding: Triton's fused ops, whose RoPE kernel also writes k and v to the cache
+    (the backend then skips its own store), on the same fresh prompts as the torch engine."""
+    from nextok.kernels.triton.fused import TritonFusedOps
+
+    triton_llm, torch_llm = engines
+    model = triton_llm.engine.runner.model
+    before = model.layers[0].self_attn.fused
+    model.set_fused_ops(TritonFusedOps())
+    try:
+        assert model.layers[0].self_attn.store_kv_in_rope
+        gen = torch.Generator().manual_seed(1)
+        prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in (3, 30, 17)]
+        params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+        ours = [o.outputs[0].token_ids for o in triton_llm.generate(prompts, params)]
+        ref = [o.outputs[0].token_ids for o in torch_llm.generate(prompts, params)]
+        assert ours == ref
+    finally:
+        model.set_fused_ops(before)
+    assert model.layers[0].self_attn.store_kv_in_rope == hasattr(before, "rope_neox_store_kv")

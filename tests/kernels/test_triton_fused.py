@@ -155,6 +155,32 @@ def test_rope_takes_row_strided_qkv_and_flat_cos_sin():
     assert torch.equal(buf[:, 3 * 64:], expect[:, 3 * 64:])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", HEADS, ids=str)
+def test_rope_and_kv_store_in_one_launch(dtype, heads):
+    """rope_neox_store_kv = rope_neox, then the rotated k heads and the v heads of each row into
+    the paged caches at its slot; slot -1 (a CUDA-graph padding row) is written nowhere."""
+    q_heads, kv_heads, d = heads
+    rows, page, blocks = 5, 3, 4
+    gen = _gen("rope-store", dtype, heads)
+    qkv = _randn(gen, rows, (q_heads + 2 * kv_heads) * d, dtype=dtype)
+    cos, sin = _cos_sin(gen, rows, d, dtype)
+    caches = [_randn(gen, blocks, page, kv_heads, d, dtype=dtype) for _ in range(2)]
+    slots = torch.tensor([4, 0, -1, 11, 7], device=DEVICE)
+    want_qkv, want, orig = qkv.clone(), [c.clone() for c in caches], [c.clone() for c in caches]
+    REF.rope_neox_store_kv(want_qkv, q_heads, kv_heads, d, cos, sin, *want, slots)
+    TRI.rope_neox_store_kv(qkv, q_heads, kv_heads, d, cos, sin, *caches, slots)
+    assert_matches(qkv, want_qkv)
+    assert torch.equal(caches[1], want[1])  # v: copied, not computed
+    assert_matches(caches[0], want[0])
+    untouched = torch.ones(blocks * page, dtype=torch.bool, device=DEVICE)
+    untouched[[4, 0, 11, 7]] = False
+    for got, before in zip(caches, orig):
+        assert torch.equal(got.view(-1, kv_heads, d)[untouched], before.view(-1, kv_heads, d)[untouched])
+    k = want_qkv[:, q_heads * d:(q_heads + kv_heads) * d].reshape(rows, kv_heads, d)
+    assert torch.equal(want[0].view(-1, kv_heads, d)[11], k[3])  # the reference stores the rotated k
+
+
 def test_fused_ops_for_binds_once_per_device_and_dtype():
     from nextok.kernels.cpu_fused import FusedOps, load_fused_ops
     from nextok.kernels.select import fused_ops_for
