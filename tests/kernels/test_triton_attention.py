@@ -157,14 +157,6 @@ def test_decode_splits(num_splits, window):
     meta.decode_mask = decode_mask(meta.decode_context_lens, width, window)
     want = _decode(step.q, step.k_cache, step.v_cache, meta, step.scale)
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
-    if num_splits > 1:  # the merging split set each counter back to 0 for the next launch
-        from nextok.kernels.triton.attention import _COUNTERS
-
-        assert not _COUNTERS[step.q.device][-1].any()
-        again = torch.empty_like(out)
-        paged_decode(step.q, step.k_cache, step.v_cache, meta.decode_block_tables,
-                     meta.decode_context_lens, step.scale, window, again, num_splits=num_splits)
-        assert torch.equal(again, out)
 
 
 def test_store_kv_writes_exactly_the_slots():

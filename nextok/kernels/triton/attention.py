@@ -118,10 +118,10 @@ def _attend_range(q, acc, m_i, l_i, start, end, pos_q, window, k_base, v_base, b
     return acc, m_i, l_i
 
 
-# ---- paged decode: split-KV, the last split of each (sequence, KV head) merges the partials -----
+# ---- paged decode: split-KV, then a reduce over splits -------------------------------------------
 @triton.jit
 def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
-                         count_ptr, qk_scale, window,
+                         qk_scale, window,
                          s_qt, s_qh, s_qd, s_cb, s_cs, s_ch, s_cd, s_bt, s_ot, s_oh, s_od,
                          G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                          NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
@@ -129,7 +129,7 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, mid_o
                          INTERPRET: tl.constexpr):
     # Grid (B, KVH, NUM_SPLITS). The visible keys [lo, len) are cut into NUM_SPLITS ranges of
     # whole BLOCK_N tiles, sized from this sequence's length; a split past the end does nothing
-    # and writes an empty partial (lse = -inf, o = 0) that the merge ignores.
+    # and writes an empty partial (lse = -inf, o = 0) that the reduce ignores.
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ctx = tl.load(lens_ptr + b).to(tl.int32)
     lo = 0
@@ -154,37 +154,34 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, mid_o
                                   MASK=1, HAS_WINDOW=False, INTERPRET=INTERPRET)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # 0 for an empty split
     o = acc / l_safe[:, None]
-    out_ptrs = out_ptr + b * s_ot + head[:, None] * s_oh + d[None, :] * s_od
-    if NUM_SPLITS == 1:  # nothing to merge: write the output directly
-        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=q_mask)
+    if NUM_SPLITS == 1:  # nothing to reduce: write the output directly
+        tl.store(out_ptr + b * s_ot + head[:, None] * s_oh + d[None, :] * s_od,
+                 o.to(out_ptr.dtype.element_ty), mask=q_mask)
     else:
         # mid_o: [B, H, NUM_SPLITS, D] f32 (contiguous); mid_lse: [B, H, NUM_SPLITS] f32
-        row = (b * G * tl.num_programs(1) + head) * NUM_SPLITS  # [BLOCK_G], split 0's row
-        tl.store(mid_o_ptr + (row + split)[:, None] * D + d[None, :], o, mask=q_mask)
+        row = (b * G * tl.num_programs(1) + head) * NUM_SPLITS + split  # [BLOCK_G]
+        tl.store(mid_o_ptr + row[:, None] * D + d[None, :], o, mask=q_mask)
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
-        tl.store(mid_lse_ptr + row + split, lse, mask=g < G)
-        # The split that arrives last merges (no second launch): the counter's acq_rel add
-        # orders each split's partial stores before it and makes them visible to the last one,
-        # which then sets the counter back to 0 for the next launch (CUDA-graph replays too).
-        counter = count_ptr + b * tl.num_programs(1) + kvh
-        if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
-            m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-            for sp in range(NUM_SPLITS):
-                m = tl.maximum(m, tl.load(mid_lse_ptr + row + sp, mask=g < G, other=float("-inf"),
-                                          cache_modifier=".cg"))
-            m = tl.where(m == float("-inf"), 0.0, m)
-            num = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-            den = tl.zeros([BLOCK_G], dtype=tl.float32)
-            for sp in range(NUM_SPLITS):  # out = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - m)
-                w = tl.exp2(tl.load(mid_lse_ptr + row + sp, mask=g < G, other=float("-inf"),
-                                    cache_modifier=".cg") - m)
-                o_s = tl.load(mid_o_ptr + (row + sp)[:, None] * D + d[None, :], mask=q_mask,
-                              other=0.0, cache_modifier=".cg")
-                num += o_s * w[:, None]
-                den += w
-            res = num / tl.where(den == 0.0, 1.0, den)[:, None]
-            tl.store(out_ptrs, res.to(out_ptr.dtype.element_ty), mask=q_mask)
-            tl.atomic_xchg(counter, 0)
+        tl.store(mid_lse_ptr + row, lse, mask=g < G)
+
+
+@triton.jit
+def _decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, s_ot, s_oh, s_od,
+                          D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    # Grid (B, H): out = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse).
+    b, h = tl.program_id(0), tl.program_id(1)
+    row = b * tl.num_programs(1) + h
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    lse = tl.load(mid_lse_ptr + row * NUM_SPLITS + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # [BLOCK_S], 0 for empty splits
+    o = tl.load(mid_o_ptr + (row * NUM_SPLITS + s[:, None]) * D + d[None, :],
+                mask=(s < NUM_SPLITS)[:, None] & (d < D)[None, :], other=0.0)
+    denom = tl.sum(w, axis=0)
+    res = tl.sum(o * w[:, None], axis=0) / tl.where(denom == 0.0, 1.0, denom)
+    tl.store(out_ptr + b * s_ot + h * s_oh + d * s_od, res.to(out_ptr.dtype.element_ty), mask=d < D)
 
 
 @functools.lru_cache(maxsize=None)
@@ -209,28 +206,11 @@ def _decode_config(d: int, device: torch.device) -> tuple[int, int]:
     return (64 if d <= 128 else 32), 4
 
 
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def _split_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 counters, one per (sequence, KV head), that paged_decode leaves at zero.
-    Allocated once per device, 64k or more, before any CUDA-graph capture (the graph runner
-    warms each size up eagerly first). A larger batch than ever before gets a new buffer; the
-    old ones stay allocated, since a captured graph keeps their address and no reference."""
-    bufs = _COUNTERS.setdefault(device, [])
-    if not bufs or bufs[-1].numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("paged_decode's split counters must be allocated before capture")
-        bufs.append(torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device))
-    return bufs[-1]
-
-
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                  window: int | None, out: torch.Tensor, num_splits: int | None = None) -> None:
     """q: [B, H, D] (one query per sequence, at position len - 1); block_tables: [B, max_blocks];
-    context_lens: [B]; writes out [B, H, D]. Launch grid and arguments depend on shapes only.
-    One launch: with several splits, the last split of each (sequence, KV head) merges them."""
+    context_lens: [B]; writes out [B, H, D]. Launch grid and arguments depend on shapes only."""
     b, h, d = q.shape
     kvh, page = k_cache.shape[2], k_cache.shape[1]
     g = h // kvh
@@ -238,17 +218,20 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         num_splits = decode_num_splits(b, kvh, block_tables.shape[1] * page, q.device)
     block_n, warps = _decode_config(d, q.device)
     block_d = triton.next_power_of_2(d)
-    mid_o = mid_lse = counters = out  # unused when num_splits == 1
+    mid_o = mid_lse = out  # unused when num_splits == 1
     if num_splits > 1:
         mid_o = torch.empty(b, h, num_splits, d, dtype=torch.float32, device=q.device)
         mid_lse = torch.empty(b, h, num_splits, dtype=torch.float32, device=q.device)
-        counters = _split_counters(q.device, b * kvh)
     _decode_split_kernel[(b, kvh, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, mid_o, mid_lse, counters,
+        q, k_cache, v_cache, block_tables, context_lens, out, mid_o, mid_lse,
         scale * LOG2E, window or 0, *q.stride(), *k_cache.stride(), block_tables.stride(0),
         *out.stride(), G=g, D=d, PAGE=page, NUM_SPLITS=num_splits, HAS_WINDOW=window is not None,
         BLOCK_G=max(16, triton.next_power_of_2(g)), BLOCK_D=block_d, BLOCK_N=block_n,
         INTERPRET=INTERPRETED, num_warps=warps)
+    if num_splits > 1:
+        _decode_reduce_kernel[(b, h)](mid_o, mid_lse, out, *out.stride(), D=d,
+                                      NUM_SPLITS=num_splits,
+                                      BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d)
 
 
 # ---- paged prefill: all chunks of a step in one launch -------------------------------------------
