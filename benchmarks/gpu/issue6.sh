@@ -41,7 +41,7 @@ kernels)
     join_model || true  # only keeps gguf_a in /tmp for the next call
     step kernel tests on CUDA, realistic shapes
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_fused.py \
-        tests/kernels/test_triton_attention.py 2>&1 | tail -8 \
+        tests/kernels/test_triton_attention.py tests/kernels/test_triton_gemv.py 2>&1 | tail -8 \
         | tee "$OUT/kernel-tests.txt"
     step bench kernels
     timeout 120 python3 -m nextok bench kernels --device cuda --dtype bfloat16 \
@@ -52,9 +52,15 @@ kernels)
         --output "$OUT/latency-llama-8b.json" 2>&1 | tail -8
     step profile of decode steps, Llama-3.1-8B shape
     PROFILE_ASYNC_ONLY=1 timeout ${T_PROF:-100} python3 benchmarks/gpu/profile_step.py \
-        benchmarks/configs/llama-3.1-8b $TOK "$OUT/profile-llama-8b.json" 1 32 2>&1 | grep -v Warning | tail -60
-    step GEMV probe: Triton vs cuBLAS at decode shapes
-    timeout ${T_GEMV:-100} python3 benchmarks/gpu/gemv_probe.py "$OUT/gemv-probe.json" 2>&1 | grep -v "^  " | tail -14
+        benchmarks/configs/llama-3.1-8b $TOK "$OUT/profile-llama-8b.json" 1 8 2>&1 | grep -v Warning | tail -60
+    step bench latency, Qwen2.5-Coder-1.5B shape, CUDA graphs vs eager
+    timeout ${T_15B:-80} python3 -m nextok bench latency --model benchmarks/configs/qwen2.5-coder-1.5b $DUMMY \
+        --batch-sizes 1,8 --repeats 3 --also-eager --cuda-graph-max-batch 32 \
+        --output "$OUT/latency-qwen-1.5b.json" 2>&1 | tail -6
+    if [ -n "${WITH_GEMV_PROBE:-}" ]; then
+        step GEMV probe: Triton vs cuBLAS at decode shapes
+        timeout ${T_GEMV:-100} python3 benchmarks/gpu/gemv_probe.py "$OUT/gemv-probe.json" 2>&1 | grep -v "^  " | tail -14
+    fi
     ;;
 model)
     step the real model: triton vs transformers, triton vs torch backend, async vs sync
