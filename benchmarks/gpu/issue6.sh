@@ -41,7 +41,7 @@ kernels)
     join_model || true  # only keeps gguf_a in /tmp for the next call
     step kernel tests on CUDA, realistic shapes
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_fused.py \
-        tests/kernels/test_triton_attention.py tests/kernels/test_triton_gemv.py \\
+        tests/kernels/test_triton_attention.py tests/kernels/test_triton_gemv.py \
         tests/model/test_fused_decode_layers.py 2>&1 | tail -8 \
         | tee "$OUT/kernel-tests.txt"
     step bench kernels
