@@ -41,7 +41,7 @@ kernels)
     join_model || true  # only keeps gguf_a in /tmp for the next call
     step kernel tests on CUDA, realistic shapes
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_fused.py \
-        tests/kernels/test_triton_attention.py tests/kernels/test_triton_gemv.py \
+        tests/kernels/test_triton_attention.py \
         tests/model/test_fused_decode_layers.py 2>&1 | tail -8 \
         | tee "$OUT/kernel-tests.txt"
     step bench kernels
@@ -110,7 +110,7 @@ check)
 compile-baseline)
     step bench latency batch 1, Llama-3.1-8B shape, vs transformers eager and static+compile
     timeout ${T_HF:-540} python3 -m nextok bench latency --model benchmarks/configs/llama-3.1-8b $DUMMY \
-        --batch-sizes 1 --repeats 3 --cuda-graph-max-batch 8 --baseline transformers \
+        --batch-sizes 1,8,32 --repeats 3 --cuda-graph-max-batch 32 --baseline transformers \
         --output "$OUT/latency-llama-8b-vs-hf.json" 2>&1 | grep -v Warning | tail -12
     ;;
 throughput)

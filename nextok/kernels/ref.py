@@ -55,17 +55,3 @@ class RefFusedOps:
         keep = slot_mapping >= 0
         for cache, x in ((k_cache, k), (v_cache, v)):
             cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping[keep], x[keep])
-
-    # ---- the matmuls with the op before them (kernels/triton/gemv.py fuses them) ----
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, weight, bias)
-
-    def add_rms_norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None,
-                            norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                            bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        normed, residual = self.add_rms_norm(x, residual, norm_weight, eps)
-        return F.linear(normed, weight, bias), residual
-
-    def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor,
-                        bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(self.silu_mul(gate_up), weight, bias)

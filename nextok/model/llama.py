@@ -35,12 +35,8 @@ class Attention(nn.Module):
     def forward(self, x, rope_cos_sin, kv_cache, meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
         # x: [T, hidden]; rope_cos_sin: ([T, 1, D/2], [T, 1, D/2]) for this step's positions
-        return self.attend(self.qkv_proj(x), rope_cos_sin, kv_cache, meta, backend)
-
-    def attend(self, qkv, rope_cos_sin, kv_cache, meta: AttentionMetadata,
-               backend: AttentionBackend, fused_linears: bool = False) -> torch.Tensor:
-        # qkv: [T, q_size + 2 * kv_size], this step's projections -> o_proj output [T, hidden]
-        t = qkv.shape[0]
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
         stored = False
         if self.fused is not None and self.store_kv_in_rope:  # rope and the KV store: one launch
             self.fused.rope_neox_store_kv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
@@ -54,8 +50,6 @@ class Attention(nn.Module):
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
         out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, kv_stored=stored)
-        if fused_linears:
-            return self.fused.linear(out.reshape(t, self.q_size), self.o_proj.weight, None)
         return self.o_proj(out.reshape(t, self.q_size))
 
 
@@ -66,15 +60,10 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
-        # The fused ops also take the matmuls: each norm goes into the matmul after it, SiLU-and-
-        # mul into down_proj (set_fused_ops: Triton ops and plain nn.Linear layers only).
-        self.fused_linears = None
 
     def forward(self, x, residual, rope_cos_sin, kv_cache, meta, backend):
         # x: [T, hidden], the previous layer's MLP output; residual: the stream it adds into
         # (None at the first layer, where x is the embedding). Returns (mlp out, residual).
-        if self.fused_linears is not None:
-            return self._forward_fused_linears(x, residual, rope_cos_sin, kv_cache, meta, backend)
         if residual is None:
             residual = x
             x = self.input_layernorm(x)
@@ -83,18 +72,6 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(x, rope_cos_sin, kv_cache, meta, backend)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
-
-    def _forward_fused_linears(self, x, residual, rope_cos_sin, kv_cache, meta, backend):
-        # Four launches besides attention: norm+qkv, o_proj, norm+gate_up, silu*up+down (one
-        # GEMV kernel each for decode-sized steps; larger steps fall back to separate ops).
-        f, attn, mlp = self.fused_linears, self.self_attn, self.mlp
-        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
-        qkv, residual = f.add_rms_norm_linear(x, residual, ln1.weight, ln1.eps,
-                                              attn.qkv_proj.weight, attn.qkv_proj.bias)
-        x = attn.attend(qkv, rope_cos_sin, kv_cache, meta, backend, fused_linears=True)
-        gate_up, residual = f.add_rms_norm_linear(x, residual, ln2.weight, ln2.eps,
-                                                  mlp.gate_up_proj.weight, None)
-        return f.silu_mul_linear(gate_up, mlp.down_proj.weight, None), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -146,11 +123,6 @@ class LlamaForCausalLM(nn.Module):
                 module.fused = ops
             if isinstance(module, Attention):
                 module.store_kv_in_rope = hasattr(ops, "rope_neox_store_kv")
-            if isinstance(module, DecoderLayer):
-                linears = (module.self_attn.qkv_proj, module.self_attn.o_proj,
-                           module.mlp.gate_up_proj, module.mlp.down_proj)
-                plain = all(type(m) is nn.Linear and m.weight.is_contiguous() for m in linears)
-                module.fused_linears = ops if plain and hasattr(ops, "add_rms_norm_linear") else None
 
     def use_gguf_blocks(self, blocks: Iterable[tuple[str, int, torch.Tensor]],
                         keep_dense: bool = True) -> int:

@@ -192,34 +192,3 @@ class TritonFusedOps:
             qkv, cos, sin, kc, vc, slots, qkv.stride(0), cos.stride(0), sin.stride(0), num_heads,
             num_q, num_kv, *strides, HEAD_DIM=head_dim, PAGE=page, STORE=store is not None,
             BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4, enable_fp_fusion=False)
-
-    # ---- decode-sized matmuls with the op before them fused in (kernels/triton/gemv.py) ----
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x [T, K] @ weight[N, K].T (+ bias): a GEMV for up to gemv.MAX_ROWS rows, else cuBLAS."""
-        from nextok.kernels.triton.gemv import MAX_ROWS, gemv
-
-        if x.shape[0] > MAX_ROWS:
-            return torch.nn.functional.linear(x, weight, bias)
-        return gemv(_rows(x), weight, bias)[0]
-
-    def add_rms_norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None,
-                            norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                            bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(linear(rms_norm(x + residual) * norm_weight), x + residual); without a residual x
-        is the residual. One launch up to gemv.MAX_ROWS rows."""
-        from nextok.kernels.triton.gemv import MAX_ROWS, gemv
-
-        if x.shape[0] > MAX_ROWS:
-            normed, residual = self.add_rms_norm(x, residual, norm_weight, eps)
-            return torch.nn.functional.linear(normed, weight, bias), residual
-        return gemv(_rows(x), weight, bias, prologue="add_rms_norm", residual=residual,
-                    norm_weight=norm_weight, eps=eps)
-
-    def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor,
-                        bias: torch.Tensor | None) -> torch.Tensor:
-        """linear(silu(gate) * up) for gate_up [T, 2I]: one launch up to gemv.MAX_ROWS rows."""
-        from nextok.kernels.triton.gemv import MAX_ROWS, gemv
-
-        if gate_up.shape[0] > MAX_ROWS:
-            return torch.nn.functional.linear(self.silu_mul(gate_up), weight, bias)
-        return gemv(_rows(gate_up), weight, bias, prologue="silu_mul")[0]
