@@ -108,6 +108,7 @@ check)
     fi
     ;;
 compile-baseline)
+    join_model || true  # keeps gguf_a in /tmp when carried, for a "model" call next
     step bench latency batch 1, Llama-3.1-8B shape, vs transformers eager and static+compile
     timeout ${T_HF:-540} python3 -m nextok bench latency --model benchmarks/configs/llama-3.1-8b $DUMMY \
         --batch-sizes 1,8,32 --repeats 3 --cuda-graph-max-batch 32 --baseline transformers \
