@@ -4,7 +4,7 @@ per way of holding the weights, all engines in one process, decode rounds interl
     .venv/bin/python benchmarks/quant_table.py --output benchmarks/results/DATE-quant-cpu.json \
         [--max-tokens 4096] [--rounds 3]
 
-The 4-bit GPTQ-format rows are checkpoints that `nextok quantize` writes (once) from the same
+The 4-bit rows (GPTQ and AWQ formats) are checkpoints that `nextok quantize` writes (once) from the same
 model. Perplexity: `nextok eval ppl`'s evaluation (held-out stdlib code, windows of 256 tokens, stride
 128). Decode: (t(1 + 32 tokens) - t(1 token)) / 32 at batch 1 on a 128-token random prompt,
 as `nextok bench latency` does, median over the rounds. Weight bytes: every weight the engine
@@ -36,10 +36,11 @@ VARIANTS = {  # name -> engine kwargs (the default model, a GGUF Q4_1 file)
                                                  quant_group_size=64),
     "bfloat16 (dequantized at load)": dict(dtype="bfloat16"),
 }
-# 4-bit checkpoints written by `nextok quantize` (GPTQ format, groups of 64) from the same model,
-# loaded with their weights kept only as Q4_1 blocks.
+# 4-bit checkpoints written by `nextok quantize` (groups of 64; GPTQ format, AWQ's gemm format
+# for awq) from the same model, loaded with their weights kept only as Q4_1 blocks.
 QUANTIZED = {"int4 RTN, GPTQ format (groups of 64)": "rtn",
-             "int4 GPTQ (groups of 64, `nextok quantize`)": "gptq"}
+             "int4 GPTQ (groups of 64, `nextok quantize`)": "gptq",
+             "int4 AWQ (groups of 64, `nextok quantize`)": "awq"}
 
 
 def main() -> int:

@@ -1,5 +1,6 @@
-"""`nextok quantize --method gptq|rtn MODEL OUT`: 4-bit weights in the GPTQ checkpoint format
-(model/gptq.py), which nextok, vLLM and exllama load.
+"""`nextok quantize --method gptq|awq|rtn MODEL OUT`: 4-bit weights in the GPTQ checkpoint format
+(model/gptq.py) for gptq and rtn, in AutoAWQ's gemm format (model/awq.py) for awq: formats that
+nextok, vLLM and the reference tools load. AWQ's own steps are in quant/awq_quantize.py.
 
 The model runs in float32 on the CPU, its linear layers as plain nn.Linear; hooks on the decoder's
 linears sum H = X^T X over calibration windows of held-out-disjoint code (the stdlib's calibration
@@ -24,9 +25,10 @@ SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_pro
 
 
 def add_parser(sub, add_engine_args) -> None:
-    p = sub.add_parser("quantize", help="write a 4-bit GPTQ-format checkpoint (GPTQ or round-to-nearest)")
+    p = sub.add_parser("quantize", help="write a 4-bit checkpoint: GPTQ or AWQ, or round-to-nearest "
+                                        "in the GPTQ format")
     p.add_argument("out", help="output directory")
-    p.add_argument("--method", default="gptq", choices=["gptq", "rtn"])
+    p.add_argument("--method", default="gptq", choices=["gptq", "awq", "rtn"])
     p.add_argument("--group-size", type=int, default=128)
     p.add_argument("--calib", default="code", choices=["code"])
     p.add_argument("--num-calib", type=int, default=64, help="calibration windows")
@@ -68,11 +70,16 @@ def run(args) -> int:
             raise ValueError(f"--group-size {args.group_size} does not divide {name}'s "
                              f"{mod.in_features} inputs")
     start = time.perf_counter()
-    hessians = _calibrate(llm, linears, args) if args.method == "gptq" else {}
-    tensors = {}
-    for name, mod in linears.items():
-        q, s, z = quantize(mod.weight, args.group_size, hessians.get(name))
-        tensors.update(_gptq_tensors(model, name, mod, q, s, z))
+    if args.method == "awq":
+        from nextok.quant.awq_quantize import awq_tensors
+
+        tensors = awq_tensors(llm, linears, args)  # also folds its scales into the model's norms
+    else:
+        hessians = _calibrate(llm, linears, args) if args.method == "gptq" else {}
+        tensors = {}
+        for name, mod in linears.items():
+            q, s, z = quantize(mod.weight, args.group_size, hessians.get(name))
+            tensors.update(_gptq_tensors(model, name, mod, q, s, z))
     for name, t in model.state_dict().items():  # what is not a quantized linear, as loaded
         if not any(name.startswith(lin + ".") for lin in linears):
             tensors[name if name.startswith("lm_head") else "model." + name] = t.contiguous()
@@ -106,18 +113,22 @@ def _calibrate(llm, linears: dict[str, nn.Linear], args) -> dict[str, torch.Tens
     return hessians
 
 
+def shards(model, name: str, mod: nn.Linear) -> tuple[list[str], list[int]]:
+    """Our (possibly fused) linear -> the checkpoint's projection names and their row counts."""
+    parent, _, attr = name.rpartition(".")
+    if attr not in SHARDS:
+        return [name], [mod.out_features]
+    if attr == "qkv_proj":
+        a = model.get_submodule(parent)
+        sizes = [a.q_size, a.kv_size, a.kv_size]
+    else:
+        sizes = [model.config.intermediate_size] * 2
+    return [f"{parent}.{p}" for p in SHARDS[attr]], sizes
+
+
 def _gptq_tensors(model, name: str, mod: nn.Linear, q, s, z) -> dict[str, torch.Tensor]:
     """Our (possibly fused) linear -> the checkpoint's per-projection GPTQ tensors."""
-    parent, _, attr = name.rpartition(".")
-    if attr in SHARDS:
-        if attr == "qkv_proj":
-            a = model.get_submodule(parent)
-            sizes = [a.q_size, a.kv_size, a.kv_size]
-        else:
-            sizes = [model.config.intermediate_size] * 2
-        names = [f"{parent}.{p}" for p in SHARDS[attr]]
-    else:
-        sizes, names = [mod.out_features], [name]
+    names, sizes = shards(model, name, mod)
     out, k = q.shape
     g_idx = (torch.arange(k) // (k // s.shape[1])).to(torch.int32)
     tensors, row = {}, 0
@@ -140,9 +151,13 @@ def _write(out: str, tensors: dict, hf_config: dict, tokenizer, args) -> None:
     os.makedirs(out, exist_ok=True)
     save_file(tensors, os.path.join(out, "model.safetensors"))
     cfg = dict(hf_config)
-    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": args.group_size,
-                                  "desc_act": False, "sym": False, "checkpoint_format": "gptq",
-                                  "quantizer": f"nextok {args.method}"}
+    if args.method == "awq":
+        cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": args.group_size,
+                                      "zero_point": True, "version": "gemm", "quantizer": "nextok awq"}
+    else:
+        cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": args.group_size,
+                                      "desc_act": False, "sym": False, "checkpoint_format": "gptq",
+                                      "quantizer": f"nextok {args.method}"}
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     tokenizer.save(out)
