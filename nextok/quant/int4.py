@@ -7,8 +7,10 @@ rounded to float16 first, so every path holds the same dequantized weights.
 
 - CPU, float32: GGUF Q4_1 blocks (float16 d and m, 16 bytes of nibbles per 32 weights) with the
   group's d and m in each of its blocks, run through the GGUF block kernels: 5 bits per weight.
-- Elsewhere: q as uint8 [out, in] with d and m [out, groups], dequantized on every call
-  (correct, slow: the GPU's W4A16 kernel is still to come).
+- Elsewhere: q packed two to a byte, uint8 [out, in / 2] in Q4_1's nibble order, with d and m
+  [out, groups]. On CUDA steps of up to 16 rows run the Triton W4A16 kernel
+  (kernels/triton/quant_linear.py), which dequantizes in registers; bigger steps (and other
+  devices) dequantize the weight once per call and run a dense matmul.
 """
 from __future__ import annotations
 
@@ -58,19 +60,51 @@ def zero_point_blocks(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor) -> torc
     return q4_1_blocks(q, s.to(torch.float16), (-(z.float() * s.float())).to(torch.float16))
 
 
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """q uint8 [out, in] in 0..15 -> [out, in / 2]: per 32 columns, byte j = q[j] | q[j + 16] << 4."""
+    out, k = q.shape
+    qb = q.view(out, k // 32, 32)
+    return (qb[:, :, :16] | (qb[:, :, 16:] << 4)).reshape(out, k // 2)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    out, half = packed.shape
+    b = packed.view(out, half // 16, 16)
+    return torch.cat([b & 0xF, b >> 4], dim=2).reshape(out, 2 * half)
+
+
 class Int4Linear(nn.Module):
-    """y = x @ (d * q + m).T + bias, dequantized per call. x: [T, in] -> [T, out]."""
+    """y = x @ (d * q + m).T + bias. x: [T, in] -> [T, out]; q as packed nibbles."""
 
     def __init__(self, q, d, m, bias):
         super().__init__()
         self.out_features, self.in_features = q.shape
-        for name, t in (("qweight", q), ("scales", d), ("mins", m)):
+        for name, t in (("qweight", pack_nibbles(q)), ("scales", d), ("mins", m)):
             self.register_buffer(name, t)
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = dequantize_groups(self.qweight, self.scales, self.mins).to(x.dtype)
-        return nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        if x.is_cuda and x.shape[0] <= _gemv_rows():
+            from nextok.kernels.triton.quant_linear import w4a16
+
+            return w4a16(x if x.stride(-1) == 1 else x.contiguous(), self.qweight, self.scales,
+                         self.mins, bias)
+        w = dequantize_groups(unpack_nibbles(self.qweight), self.scales, self.mins).to(x.dtype)
+        return nn.functional.linear(x, w, bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, int4 groups of " \
+               f"{self.in_features // self.scales.shape[1]}"
+
+
+def _gemv_rows() -> int:
+    """Rows up to which the Triton kernel runs: 0 when triton is missing (torch path only)."""
+    try:
+        from nextok.kernels.triton.quant_linear import MAX_ROWS
+    except ImportError:
+        return 0
+    return MAX_ROWS
 
 
 class Int4RoundToNearest(QuantMethod):

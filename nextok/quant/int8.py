@@ -8,9 +8,10 @@ below holds exactly the same dequantized weights.
   (a float16 scale and 32 int8 values) with the channel's scale in every block of its row, and
   run through the GGUF block kernels (kernels/cpu_gguf_linear.py): read directly by steps of up
   to 8 rows, dequantized into a scratch matrix for bigger ones. 34 bytes per 32 weights.
-- Elsewhere (CUDA for now, odd shapes): int8 [out, in] and the scales; y = (x @ q.T) * scale,
-  the product taken in x's dtype, where integers up to 127 are exact. Correct everywhere, but it
-  converts the weight on every call: the fast GPU path (a Triton W8A16 kernel) is still to come.
+- Elsewhere (CUDA, odd shapes): int8 [out, in] and the scales. On CUDA steps of up to 16 rows
+  run the Triton W8A16 kernel (kernels/triton/quant_linear.py): y = (x @ q.T) * scale with the
+  product accumulated in float32. Bigger steps, and other devices, take (x @ q.T) * scale in x's
+  dtype, where integers up to 127 are exact; that converts the weight on every call.
 """
 from __future__ import annotations
 
@@ -54,6 +55,13 @@ class Int8Linear(nn.Module):
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from nextok.quant.int4 import _gemv_rows
+
+        if x.is_cuda and x.shape[0] <= _gemv_rows():
+            from nextok.kernels.triton.quant_linear import w8a16
+
+            return w8a16(x if x.stride(-1) == 1 else x.contiguous(), self.qweight, self.scale,
+                         None if self.bias is None else self.bias.to(x.dtype))
         y = nn.functional.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
