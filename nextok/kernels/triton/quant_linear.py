@@ -27,12 +27,16 @@ MAX_ROWS = 16
 
 @triton.jit
 def _dot(acc, a, w, USE_DOT: tl.constexpr, INTERPRET: tl.constexpr):
-    # a: [BLOCK_M, BK] in x's dtype; w: [BLOCK_N, BK] float32 rounded to x's dtype.
+    # a: [BLOCK_M, BK] in x's dtype; w: [BLOCK_N, BK] float32 rounded to x's dtype. One return:
+    # Triton compiles every return of a jitted function, constexpr branches or not.
     if USE_DOT:
         if INTERPRET:  # the interpreter's tl.dot multiplies bfloat16's raw bits
-            return acc + tl.dot(a.to(tl.float32), tl.trans(w), input_precision="ieee")
-        return acc + tl.dot(a, tl.trans(w.to(a.dtype)), input_precision="ieee")
-    return acc + w * a.to(tl.float32)  # [BLOCK_N, BK] partial sums; a is one row
+            out = acc + tl.dot(a.to(tl.float32), tl.trans(w), input_precision="ieee")
+        else:
+            out = acc + tl.dot(a, tl.trans(w.to(a.dtype)), input_precision="ieee")
+    else:
+        out = acc + w * a.to(tl.float32)  # [BLOCK_N, BK] partial sums; a is one row
+    return out
 
 
 @triton.jit
