@@ -35,6 +35,7 @@ VARIANTS = {  # name -> engine kwargs (the default model, a GGUF Q4_1 file)
     "int4 round-to-nearest (groups of 64)": dict(dtype="float32", quantization="int4",
                                                  quant_group_size=64),
     "bfloat16 (dequantized at load)": dict(dtype="bfloat16"),
+    "Q4_1 blocks + float32 copy, int8 KV cache": dict(dtype="float32", kv_cache_dtype="int8"),
 }
 # 4-bit checkpoints written by `nextok quantize` (groups of 64; GPTQ format, AWQ's gemm format
 # for awq) from the same model, loaded with their weights kept only as Q4_1 blocks.

@@ -76,6 +76,7 @@ class CacheConfig:
     kv_cache_memory_fraction: float = 0.25  # of available memory on CPU, of free memory on CUDA
     num_blocks: int | None = None  # overrides the memory budget (tests use tiny pools)
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"  # auto: the model's dtype; int8 | fp8: attention/kv_quant.py
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from nextok.attention import kv_quant
 from nextok.attention.base import AttentionBackend, AttentionMetadata, PrefillChunk
 
 
@@ -31,13 +32,18 @@ class TorchRefBackend(AttentionBackend):
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float,
                 kv_stored: bool = False):
         # q: [T, H, D]; k, v: [T, KVH, D]; caches: [num_blocks, block_size, KVH, D]
-        if not kv_stored:
+        quantized = kv_quant.is_quantized(k_cache)
+        if kv_stored:
+            pass
+        elif quantized:  # rows of int8 / fp8 values and their scale (attention/kv_quant.py)
+            kv_quant.store(k_cache, v_cache, k, v, meta.slot_mapping)
+        else:
             num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
             k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
             v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
         nd = meta.num_decode
-        if nd and self.decode_kernel is not None:
+        if nd and self.decode_kernel is not None and not quantized:
             out[:nd] = self._paged_decode(self.decode_kernel, q[:nd], k_cache, v_cache,
                                           meta.decode_block_tables, meta.decode_context_lens,
                                           scale, meta.sliding_window)
@@ -49,12 +55,15 @@ class TorchRefBackend(AttentionBackend):
         return out
 
 
-def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-    # cache: [N, bs, KVH, D]; block_table: [..., nb] -> [..., nb * bs, KVH, D]
+def _gather(cache: torch.Tensor, block_table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # cache: [N, bs, KVH, D]; block_table: [..., nb] -> [..., nb * bs, KVH, D] in dtype
     # index_select of whole blocks as rows is a row memcpy, ~2.5x faster than cache[block_table].
     n, bs, kvh, d = cache.shape
-    rows = cache.view(n, bs * kvh * d).index_select(0, block_table.reshape(-1))
-    return rows.view(*block_table.shape[:-1], block_table.shape[-1] * bs, kvh, d)
+    quantized = kv_quant.is_quantized(cache)
+    src = cache.view(torch.uint8) if quantized else cache  # bytes: no float8 index_select on CPU
+    rows = src.view(n, bs * kvh * d).index_select(0, block_table.reshape(-1))
+    rows = rows.view(*block_table.shape[:-1], block_table.shape[-1] * bs, kvh, d)
+    return kv_quant.dequantize_rows(rows.view(cache.dtype), dtype) if quantized else rows
 
 
 def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
@@ -62,8 +71,8 @@ def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch
     # grouped heads need no repeated K/V: q -> [B, KVH, G, D], keys [B, KVH, L, D].
     b, h, d = q.shape
     kvh = k_cache.shape[2]
-    keys = _gather(k_cache, meta.decode_block_tables).transpose(1, 2)  # [B, KVH, L, D]
-    vals = _gather(v_cache, meta.decode_block_tables).transpose(1, 2)
+    keys = _gather(k_cache, meta.decode_block_tables, q.dtype).transpose(1, 2)  # [B, KVH, L, D]
+    vals = _gather(v_cache, meta.decode_block_tables, q.dtype).transpose(1, 2)
     qg = q.view(b, kvh, h // kvh, d)
     out = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=meta.decode_mask, scale=scale)
     return out.reshape(b, h, d)
@@ -73,8 +82,8 @@ def _prefill(q, k_cache, v_cache, chunk: PrefillChunk, window: int | None, scale
     # q: [n, H, D] for positions [ctx_len - n, ctx_len)
     n, h, d = q.shape
     kvh = k_cache.shape[2]
-    keys = _gather(k_cache, chunk.block_table)[:chunk.ctx_len].transpose(0, 1)  # [KVH, L, D]
-    vals = _gather(v_cache, chunk.block_table)[:chunk.ctx_len].transpose(0, 1)
+    keys = _gather(k_cache, chunk.block_table, q.dtype)[:chunk.ctx_len].transpose(0, 1)  # [KVH, L, D]
+    vals = _gather(v_cache, chunk.block_table, q.dtype)[:chunk.ctx_len].transpose(0, 1)
     qh = q.transpose(0, 1)  # [H, n, D]
     if chunk.ctx_len == n and window is None:
         out = F.scaled_dot_product_attention(qh.unsqueeze(0), keys.unsqueeze(0), vals.unsqueeze(0),

@@ -48,6 +48,7 @@ class EngineArgs:
     async_scheduling: str = "auto"  # auto (on for CUDA) | on | off
     quantization: str | None = None  # None | int8 | int4 (nextok/quant/)
     quant_group_size: int = 128
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | int8 | fp8 (attention/kv_quant.py)
     download: bool = True
 
 
@@ -82,12 +83,12 @@ def create_engine(args: EngineArgs):
     config = EngineConfig(
         model_path=path, model=model_config,
         cache=CacheConfig(args.block_size, args.kv_cache_memory, args.kv_cache_memory_fraction,
-                          args.num_kv_blocks, args.enable_prefix_caching),
+                          args.num_kv_blocks, args.enable_prefix_caching, args.kv_cache_dtype),
         scheduler=SchedulerConfig(args.max_num_seqs, batched, args.enable_chunked_prefill, max_len),
         device=device, dtype=dtype, load_format=ckpt.format, seed=args.seed,
         num_threads=args.num_threads, cpu_kernels=args.cpu_kernels, gguf_blocks=args.gguf_blocks,
         gguf_dense_copy=args.gguf_dense_copy,
-        attention_backend=_attention_backend(args.attention_backend, device),
+        attention_backend=_attention_backend(args.attention_backend, device, args.kv_cache_dtype),
         enforce_eager=args.enforce_eager, cuda_graph_max_batch=args.cuda_graph_max_batch,
         async_scheduling=_async_scheduling(args.async_scheduling, device),
         quantization=args.quantization, quant_group_size=args.quant_group_size)
@@ -113,10 +114,16 @@ def _async_scheduling(mode: str, device: str) -> bool:
     return device == "cuda" if mode == "auto" else mode == "on"
 
 
-def _attention_backend(name: str, device: str) -> str:
-    """auto: triton on CUDA (where Triton imports), the torch reference on CPU."""
+def _attention_backend(name: str, device: str, kv_cache_dtype: str = "auto") -> str:
+    """auto: triton on CUDA (where Triton imports), the torch reference on CPU. A quantized KV
+    cache is read by the torch reference backend only, so far."""
     if name not in ("auto", "torch", "triton"):
         raise NextokError(f"--attention-backend must be auto, torch or triton, not {name!r}")
+    if kv_cache_dtype != "auto":
+        if name == "triton":
+            raise NextokError(f"--kv-cache-dtype {kv_cache_dtype} runs with the torch attention "
+                              f"backend only (the Triton kernels do not read it yet)")
+        return "torch"
     if name == "torch" or (name == "auto" and device != "cuda"):
         return "torch"
     try:
@@ -147,6 +154,8 @@ def _check_args(args: EngineArgs) -> None:
         raise NextokError("--cuda-graph-max-batch must be >= 0 (0: no CUDA graphs)")
     if not (0.0 < args.kv_cache_memory_fraction <= 0.95):
         raise NextokError("--kv-cache-memory-fraction must be in (0, 0.95]")
+    if args.kv_cache_dtype not in ("auto", "int8", "fp8"):
+        raise NextokError(f"--kv-cache-dtype must be auto, int8 or fp8, got {args.kv_cache_dtype!r}")
 
 
 def _load_tokenizer(path: str, fmt: str):

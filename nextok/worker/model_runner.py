@@ -104,23 +104,37 @@ class ModelRunner:
     def _cpu_decode_kernel(self):
         if self.device.type != "cpu" or self.dtype != torch.float32 or not self.config.cpu_kernels:
             return None
+        if self.config.cache.kv_cache_dtype != "auto":  # the C kernel reads float32 caches
+            return None
         from nextok.kernels.cpu_attention import load_paged_decode
 
         return load_paged_decode()
 
     # ---- KV pool -------------------------------------------------------------------------
+    def _kv_row(self) -> tuple[torch.dtype, int]:
+        """(cache dtype, elements per cached row of one token and KV head)."""
+        from nextok.attention import kv_quant
+
+        head_dim = self.config.model.head_dim
+        kind = self.config.cache.kv_cache_dtype
+        if kind == "auto":
+            return self.dtype, head_dim
+        return kv_quant.DTYPES[kind], head_dim + kv_quant.SCALE_BYTES  # q, then its float32 scale
+
     def kv_bytes_per_block(self) -> int:
         mc = self.config.model
-        elem = torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * mc.num_hidden_layers * self.block_size * mc.num_key_value_heads * mc.head_dim * elem
+        dtype, row = self._kv_row()
+        elem = torch.tensor([], dtype=dtype).element_size()
+        return 2 * mc.num_hidden_layers * self.block_size * mc.num_key_value_heads * row * elem
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         mc = self.config.model
-        shape = self.backend.kv_cache_shape(num_blocks, self.block_size, mc.num_key_value_heads,
-                                            mc.head_dim)
+        dtype, row = self._kv_row()
+        shape = self.backend.kv_cache_shape(num_blocks, self.block_size, mc.num_key_value_heads, row)
         # Zeroed, not empty: padded slots are masked, but 0 * NaN garbage would still poison SDPA.
-        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+        # (A zero row of a quantized cache has scale 0: it dequantizes to zeros.)
+        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
+                           torch.zeros(shape, dtype=dtype, device=self.device))
                           for _ in range(mc.num_hidden_layers)]
         cfg = self.config
         if (self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager

@@ -1,0 +1,58 @@
+"""`--kv-cache-dtype int8|fp8` on the real model: the same memory holds ~3.8x the float32 pool's
+tokens, perplexity on held-out code moves little (2026-12-04, 4,096 tokens: 11.928 float,
+11.940 int8, 11.990 fp8), greedy output stays that of the float cache on most prompts (the rest
+part at near-ties: 14 and 13 of 20 over 16 tokens, measured), and bad combinations are refused
+with a clear error."""
+from __future__ import annotations
+
+import pytest
+
+from nextok import LLM, SamplingParams
+from nextok.errors import NextokError
+from tests.prompts import PROMPTS
+
+BUDGET = 24 << 20  # small enough that the budget, not max_num_seqs, sizes every pool
+NEW = 16
+
+
+@pytest.fixture(scope="module")
+def engines(model_path):
+    common = dict(model=model_path, dtype="float32", kv_cache_memory=BUDGET)
+    return {kind: LLM(**common, kv_cache_dtype=kind) for kind in ("auto", "int8", "fp8")}
+
+
+def test_the_same_memory_holds_more_tokens(engines):
+    blocks = {k: llm.engine.block_manager.num_blocks for k, llm in engines.items()}
+    head_dim = engines["auto"].engine.config.model.head_dim
+    # float32 rows of D * 4 bytes against D + 4 bytes: 3.76x at head_dim 64
+    want = 4 * head_dim / (head_dim + 4)
+    for kind in ("int8", "fp8"):
+        assert blocks[kind] / blocks["auto"] == pytest.approx(want, rel=0.01)
+        assert engines[kind].engine.runner.kv_caches[0][0].shape[-1] == head_dim + 4
+
+
+def test_greedy_output_stays_close(engines):
+    tok = engines["auto"].get_tokenizer()
+    prompts = [tok.encode(p) for p in PROMPTS[:20]]
+    params = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
+    ref = [o.outputs[0].token_ids for o in engines["auto"].generate(prompts, params)]
+    for kind, least in (("int8", 12), ("fp8", 11)):
+        ours = [o.outputs[0].token_ids for o in engines[kind].generate(prompts, params)]
+        same = sum(a == b for a, b in zip(ours, ref))
+        assert same >= least, f"{kind}: {same} of 20 prompts give the float cache's {NEW} tokens"
+
+
+def test_perplexity_moves_little(engines):
+    from nextok.eval.ppl import evaluate
+
+    ppl = {k: evaluate(llm, "code", 256, 128, 1024)["ppl"] for k, llm in engines.items()}
+    assert ppl["int8"] != ppl["auto"]  # the attention really read quantized keys and values
+    assert abs(ppl["int8"] / ppl["auto"] - 1) < 0.005, ppl
+    assert abs(ppl["fp8"] / ppl["auto"] - 1) < 0.015, ppl
+
+
+def test_bad_combinations_are_refused(model_path):
+    with pytest.raises(NextokError, match="auto, int8 or fp8"):
+        LLM(model=model_path, kv_cache_dtype="int4")
+    with pytest.raises(NextokError, match="torch attention backend"):
+        LLM(model=model_path, kv_cache_dtype="int8", attention_backend="triton")
