@@ -48,7 +48,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="int4: consecutive weights of a row sharing one scale and minimum")
     g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
                    help="auto: the model's dtype; int8 / fp8 (e4m3): one byte per value and a "
-                        "float32 scale per cached row of a token and KV head (torch attention)")
+                        "float32 scale per cached row of a token and KV head (fp8: torch "
+                        "attention only)")
     g.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"],
                    help="launch each step before the host has collected the previous one "
                         "(auto: on for CUDA, off on CPU)")

@@ -115,14 +115,14 @@ def _async_scheduling(mode: str, device: str) -> bool:
 
 
 def _attention_backend(name: str, device: str, kv_cache_dtype: str = "auto") -> str:
-    """auto: triton on CUDA (where Triton imports), the torch reference on CPU. A quantized KV
-    cache is read by the torch reference backend only, so far."""
+    """auto: triton on CUDA (where Triton imports), the torch reference on CPU. An fp8 KV cache
+    is read by the torch reference backend only, so far."""
     if name not in ("auto", "torch", "triton"):
         raise NextokError(f"--attention-backend must be auto, torch or triton, not {name!r}")
-    if kv_cache_dtype != "auto":
+    if kv_cache_dtype == "fp8":
         if name == "triton":
-            raise NextokError(f"--kv-cache-dtype {kv_cache_dtype} runs with the torch attention "
-                              f"backend only (the Triton kernels do not read it yet)")
+            raise NextokError("--kv-cache-dtype fp8 runs with the torch attention backend only "
+                              "(the Triton kernels read int8 caches)")
         return "torch"
     if name == "torch" or (name == "auto" and device != "cuda"):
         return "torch"

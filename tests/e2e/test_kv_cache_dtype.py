@@ -55,4 +55,4 @@ def test_bad_combinations_are_refused(model_path):
     with pytest.raises(NextokError, match="auto, int8 or fp8"):
         LLM(model=model_path, kv_cache_dtype="int4")
     with pytest.raises(NextokError, match="torch attention backend"):
-        LLM(model=model_path, kv_cache_dtype="int8", attention_backend="triton")
+        LLM(model=model_path, kv_cache_dtype="fp8", attention_backend="triton")

@@ -171,3 +171,40 @@ def test_store_kv_writes_exactly_the_slots():
     want_v.view(-1, 2, 16)[slots[real]] = v[real]
     store_kv(k, v, kc, vc, slots)
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_int8_kv_cache(window):
+    """An int8 pool (rows of D values and a float32 scale, attention/kv_quant.py): the Triton
+    store quantizes this step's rows as the torch backend does, and the decode and paged
+    prefill kernels read the pool as the torch backend dequantizes it."""
+    from nextok.attention import kv_quant
+
+    lens = [(n, 1) for n in DECODE_LENS] + CHUNKS
+    step = Step(lens, HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, window, torch.float32, seed=5)
+    kc = kv_quant.quantize_rows(step.k_cache, torch.int8)
+    vc = kv_quant.quantize_rows(step.v_cache, torch.int8)
+    meta = dataclasses.replace(step.meta)
+    tri_kc, tri_vc = kc.clone(), vc.clone()
+    out = TritonBackend(sdpa_for_fresh_chunks=False).forward(step.q, step.k, step.v, tri_kc, tri_vc,
+                                                             meta, step.scale)
+    width = meta.decode_block_tables.shape[1] * BLOCK_SIZE
+    meta.decode_mask = decode_mask(meta.decode_context_lens, width, window)
+    ref_kc, ref_vc = kc.clone(), vc.clone()
+    want = TorchRefBackend().forward(step.q, step.k, step.v, ref_kc, ref_vc, meta, step.scale)
+    for got, ref in ((tri_kc, ref_kc), (tri_vc, ref_vc)):
+        d = HEAD_DIM
+        # the same values but for rounding ties (half away from zero vs half to even)
+        assert (got[..., :d] != ref[..., :d]).float().mean().item() < 1e-3
+        assert ((got[..., :d].int() - ref[..., :d].int()).abs() <= 1).all()
+        torch.testing.assert_close(kv_quant.dequantize_rows(got, torch.float32),
+                                   kv_quant.dequantize_rows(ref, torch.float32), rtol=0, atol=0.02)
+        assert not torch.equal(got, kc)  # this step's rows were written
+    torch.testing.assert_close(out, want, rtol=2e-3, atol=2e-3)
+
+
+def test_triton_refuses_fp8_caches():
+    kc = torch.zeros(4, BLOCK_SIZE, KV_HEADS, HEAD_DIM + 4, dtype=torch.float8_e4m3fn, device=DEVICE)
+    with pytest.raises(ValueError, match="int8"):
+        store_kv(torch.zeros(1, KV_HEADS, HEAD_DIM, device=DEVICE), torch.zeros(1, KV_HEADS, HEAD_DIM, device=DEVICE),
+                 kc, kc.clone(), torch.zeros(1, dtype=torch.long, device=DEVICE))

@@ -8,6 +8,11 @@ GQA: query head h reads KV head h // G with G = H // KVH. Every kernel runs one 
 head and packs the G query heads that share it into the rows of its query tile, so each K/V tile
 is loaded once for all of them.
 
+An int8 cache (`--kv-cache-dtype int8`) has rows of D + 4 bytes: D int8 values and their
+float32 scale (attention/kv_quant.py). The store quantizes each row; the attention kernels
+dequantize each K/V tile to the query's dtype as they load it, reading the scales through a
+float32 view of the same cache (row strides in bytes / 4).
+
 Softmax runs in base 2: scores are scaled by scale * log2(e), and the split-KV partials store
 their log-sum-exp in base 2 as well. Accumulation is float32; tl.dot runs at "ieee" precision so
 float32 inputs are not rounded to tf32.
@@ -26,12 +31,14 @@ LOG2E = 1.4426950408889634
 
 # ---- KV store ------------------------------------------------------------------------------------
 @triton.jit
-def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
+def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, slot_ptr,
                      s_kt, s_kh, s_kd, s_vt, s_vh, s_vd,
                      s_cb, s_cs, s_ch, s_cd,
-                     KVH: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                     KVH: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, QUANT: tl.constexpr,
                      BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     # One program per token: copies its [KVH, D] key and value rows into the slot's page row.
+    # QUANT: int8 rows, q = round(x / s) with s = max|x| / 127, and s as float32 in the row's
+    # last 4 bytes (ks_ptr, vs_ptr: the caches viewed as float32; attention/kv_quant.py).
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t)
     h = tl.arange(0, BLOCK_H)[:, None]
@@ -40,27 +47,56 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
     dst = (slot // PAGE) * s_cb + (slot % PAGE) * s_cs + h * s_ch + d * s_cd
     k = tl.load(k_ptr + t * s_kt + h * s_kh + d * s_kd, mask=mask)
     v = tl.load(v_ptr + t * s_vt + h * s_vh + d * s_vd, mask=mask)
-    tl.store(kc_ptr + dst, k, mask=mask)
-    tl.store(vc_ptr + dst, v, mask=mask)
+    if QUANT:
+        srow = (slot // PAGE) * (s_cb // 4) + (slot % PAGE) * (s_cs // 4) + h * (s_ch // 4) + D // 4
+        _store_int8_rows(kc_ptr + dst, ks_ptr + srow, k.to(tl.float32), mask, (h < KVH) & (slot >= 0))
+        _store_int8_rows(vc_ptr + dst, vs_ptr + srow, v.to(tl.float32), mask, (h < KVH) & (slot >= 0))
+    else:
+        tl.store(kc_ptr + dst, k, mask=mask)
+        tl.store(vc_ptr + dst, v, mask=mask)
+
+
+@triton.jit
+def _store_int8_rows(q_ptrs, s_ptrs, x, mask, row_mask):
+    # x: [BLOCK_H, BLOCK_D] float32 rows (masked entries 0) -> int8 values and one scale per row
+    scale = tl.max(tl.abs(x), axis=1) / 127.0  # [BLOCK_H]
+    scale = tl.where(scale > 0, scale, 1.0)[:, None]
+    y = x / scale
+    q = tl.where(y >= 0, tl.floor(y + 0.5), tl.ceil(y - 0.5))  # round half away from zero
+    tl.store(q_ptrs, tl.minimum(tl.maximum(q, -127.0), 127.0).to(tl.int8), mask=mask)
+    tl.store(s_ptrs, scale, mask=row_mask)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """k, v: [T, KVH, D] -> caches [num_blocks, block_size, KVH, D] at slot_mapping [T] (int64)."""
+    """k, v: [T, KVH, D] -> caches [num_blocks, block_size, KVH, D] at slot_mapping [T] (int64);
+    int8 caches [num_blocks, block_size, KVH, D + 4] take quantized rows (attention/kv_quant.py)."""
     t, kvh, d = k.shape
     if t == 0:
         return
     assert k_cache.stride() == v_cache.stride()
-    _store_kv_kernel[(t,)](k, v, k_cache, v_cache, slot_mapping, *k.stride(), *v.stride(),
-                           *k_cache.stride(), KVH=kvh, D=d, PAGE=k_cache.shape[1],
+    ks, vs, quant = _scale_views(k_cache, v_cache)
+    _store_kv_kernel[(t,)](k, v, k_cache, v_cache, ks, vs, slot_mapping, *k.stride(), *v.stride(),
+                           *k_cache.stride(), KVH=kvh, D=d, PAGE=k_cache.shape[1], QUANT=quant,
                            BLOCK_H=triton.next_power_of_2(kvh), BLOCK_D=triton.next_power_of_2(d))
+
+
+def _scale_views(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple:
+    """(k float32 view, v float32 view, True) of int8 caches, whose rows end in a float32 scale;
+    (k_cache, v_cache, False) (unused) otherwise."""
+    if k_cache.dtype == torch.float32 or k_cache.element_size() != 1:
+        return k_cache, v_cache, False
+    if k_cache.dtype != torch.int8:
+        raise ValueError(f"the Triton kernels read int8 KV caches, not {k_cache.dtype}")
+    return k_cache.view(torch.float32), v_cache.view(torch.float32), True
 
 
 # ---- shared: online softmax over a range of keys -------------------------------------------------
 @triton.jit
-def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, bt_row,
+def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, ks_base, vs_base, bt_row,
                  s_cb, s_cs, d_off, d_mask, qk_scale, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, INTERPRET: tl.constexpr):
+                 MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, QUANT: tl.constexpr,
+                 SCALE_COL: tl.constexpr, INTERPRET: tl.constexpr):
     # q: [M, BD]; acc: [M, BD] f32; m_i, l_i: [M] f32 (base-2 running max and sum).
     # Keys n0 + [0, BLOCK_N), only those < end loaded. MASK 0: every row sees every key (no
     # masking work); 1: keys < end; 2: causal on pos_q [M] (+ sliding window). Padding rows
@@ -71,6 +107,9 @@ def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, bt_ro
     off = blk[:, None] * s_cb + (pos_k % PAGE)[:, None] * s_cs + d_off[None, :]
     kv_mask = k_ok[:, None] & d_mask[None, :]
     k = tl.load(k_base + off, mask=kv_mask, other=0.0)  # [N, BD]
+    if QUANT:  # int8 rows, each with its float32 scale (ks_base: the cache viewed as float32)
+        srow = blk * (s_cb // 4) + (pos_k % PAGE) * (s_cs // 4) + SCALE_COL
+        k = (k.to(tl.float32) * tl.load(ks_base + srow, mask=k_ok, other=0.0)[:, None]).to(q.dtype)
     if INTERPRET:  # the interpreter's tl.dot multiplies bfloat16's raw bits: upcast there
         q, k = q.to(tl.float32), k.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [M, N]
@@ -88,6 +127,8 @@ def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, bt_ro
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     v = tl.load(v_base + off, mask=kv_mask, other=0.0)
+    if QUANT:
+        v = (v.to(tl.float32) * tl.load(vs_base + srow, mask=k_ok, other=0.0)[:, None]).to(q.dtype)
     pv = p.to(v.dtype)
     if INTERPRET:
         pv, v = pv.to(tl.float32), v.to(tl.float32)
@@ -97,9 +138,10 @@ def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, bt_ro
 
 
 @triton.jit
-def _attend_range(q, acc, m_i, l_i, start, end, pos_q, window, k_base, v_base, bt_row,
-                  s_cb, s_cs, d_off, d_mask, qk_scale, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, INTERPRET: tl.constexpr):
+def _attend_range(q, acc, m_i, l_i, start, end, pos_q, window, k_base, v_base, ks_base, vs_base,
+                  bt_row, s_cb, s_cs, d_off, d_mask, qk_scale, PAGE: tl.constexpr,
+                  BLOCK_N: tl.constexpr, MASK: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                  QUANT: tl.constexpr, SCALE_COL: tl.constexpr, INTERPRET: tl.constexpr):
     # Tiles n0 = start, start + BLOCK_N, ... < end. Triton 3.6's interpreter cannot take tensor
     # bounds in range() under numpy >= 2.4 (triton-lang/triton#9171), so it runs a while loop;
     # compiled code keeps the for loop, which Triton software-pipelines.
@@ -107,26 +149,28 @@ def _attend_range(q, acc, m_i, l_i, start, end, pos_q, window, k_base, v_base, b
         n0 = start
         while n0 < end:
             acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base,
-                                         bt_row, s_cb, s_cs, d_off, d_mask, qk_scale, PAGE,
-                                         BLOCK_N, MASK, HAS_WINDOW, INTERPRET)
+                                         ks_base, vs_base, bt_row, s_cb, s_cs, d_off, d_mask,
+                                         qk_scale, PAGE, BLOCK_N, MASK, HAS_WINDOW, QUANT,
+                                         SCALE_COL, INTERPRET)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
             acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base,
-                                         bt_row, s_cb, s_cs, d_off, d_mask, qk_scale, PAGE,
-                                         BLOCK_N, MASK, HAS_WINDOW, INTERPRET)
+                                         ks_base, vs_base, bt_row, s_cb, s_cs, d_off, d_mask,
+                                         qk_scale, PAGE, BLOCK_N, MASK, HAS_WINDOW, QUANT,
+                                         SCALE_COL, INTERPRET)
     return acc, m_i, l_i
 
 
 # ---- paged decode: split-KV, then a reduce over splits -------------------------------------------
 @triton.jit
-def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
-                         qk_scale, window,
+def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr, out_ptr, mid_o_ptr,
+                         mid_lse_ptr, qk_scale, window,
                          s_qt, s_qh, s_qd, s_cb, s_cs, s_ch, s_cd, s_bt, s_ot, s_oh, s_od,
                          G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                          NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                         INTERPRET: tl.constexpr):
+                         QUANT: tl.constexpr, INTERPRET: tl.constexpr):
     # Grid (B, KVH, NUM_SPLITS). The visible keys [lo, len) are cut into NUM_SPLITS ranges of
     # whole BLOCK_N tiles, sized from this sequence's length; a split past the end does nothing
     # and writes an empty partial (lse = -inf, o = 0) that the reduce ignores.
@@ -149,9 +193,11 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, mid_o
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc, m_i, l_i = _attend_range(q, acc, m_i, l_i, start, end, None, window,
-                                  kc_ptr + kvh * s_ch, vc_ptr + kvh * s_ch, bt_ptr + b * s_bt,
-                                  s_cb, s_cs, d * s_cd, d_mask, qk_scale, PAGE, BLOCK_N,
-                                  MASK=1, HAS_WINDOW=False, INTERPRET=INTERPRET)
+                                  kc_ptr + kvh * s_ch, vc_ptr + kvh * s_ch,
+                                  ks_ptr + kvh * (s_ch // 4), vs_ptr + kvh * (s_ch // 4),
+                                  bt_ptr + b * s_bt, s_cb, s_cs, d * s_cd, d_mask, qk_scale, PAGE,
+                                  BLOCK_N, MASK=1, HAS_WINDOW=False, QUANT=QUANT,
+                                  SCALE_COL=D // 4, INTERPRET=INTERPRET)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # 0 for an empty split
     o = acc / l_safe[:, None]
     if NUM_SPLITS == 1:  # nothing to reduce: write the output directly
@@ -222,12 +268,13 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if num_splits > 1:
         mid_o = torch.empty(b, h, num_splits, d, dtype=torch.float32, device=q.device)
         mid_lse = torch.empty(b, h, num_splits, dtype=torch.float32, device=q.device)
+    ks, vs, quant = _scale_views(k_cache, v_cache)
     _decode_split_kernel[(b, kvh, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, mid_o, mid_lse,
+        q, k_cache, v_cache, ks, vs, block_tables, context_lens, out, mid_o, mid_lse,
         scale * LOG2E, window or 0, *q.stride(), *k_cache.stride(), block_tables.stride(0),
         *out.stride(), G=g, D=d, PAGE=page, NUM_SPLITS=num_splits, HAS_WINDOW=window is not None,
         BLOCK_G=max(16, triton.next_power_of_2(g)), BLOCK_D=block_d, BLOCK_N=block_n,
-        INTERPRET=INTERPRETED, num_warps=warps)
+        QUANT=quant, INTERPRET=INTERPRETED, num_warps=warps)
     if num_splits > 1:
         _decode_reduce_kernel[(b, h)](mid_o, mid_lse, out, *out.stride(), D=d,
                                       NUM_SPLITS=num_splits,
@@ -236,11 +283,11 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 # ---- paged prefill: all chunks of a step in one launch -------------------------------------------
 @triton.jit
-def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, info_ptr, bt_ptr, qk_scale, window,
-                    s_qt, s_qh, s_qd, s_cb, s_cs, s_ch, s_cd, s_ot, s_oh, s_od, s_bt,
+def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, out_ptr, info_ptr, bt_ptr, qk_scale,
+                    window, s_qt, s_qh, s_qd, s_cb, s_cs, s_ch, s_cd, s_ot, s_oh, s_od, s_bt,
                     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                     HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+                    BLOCK_N: tl.constexpr, QUANT: tl.constexpr, INTERPRET: tl.constexpr):
     # Grid (num_chunks, KVH, cdiv(max_q_len, BLOCK_M // G)). Tile rows pack (token, group head):
     # row r is token qb * TOK + r // G of the chunk and query head kvh * G + r % G.
     # info: [C, 3] int32 (q_start, q_len, ctx_len); bt: [C, max_blocks] int64.
@@ -273,15 +320,18 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, info_ptr, bt_ptr, qk_scale, 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     k_base, v_base, bt_row = kc_ptr + kvh * s_ch, vc_ptr + kvh * s_ch, bt_ptr + c * s_bt
+    ks_base, vs_base = ks_ptr + kvh * (s_ch // 4), vs_ptr + kvh * (s_ch // 4)
     mid = lo  # keys [lo, mid): whole tiles every row of this tile sees (causal, no window)
     if not HAS_WINDOW:
         mid = tl.minimum((prefix + first + 1) // BLOCK_N * BLOCK_N, hi)
         acc, m_i, l_i = _attend_range(q, acc, m_i, l_i, 0, mid, pos_q, window, k_base, v_base,
-                                      bt_row, s_cb, s_cs, d * s_cd, d_mask, qk_scale, PAGE,
-                                      BLOCK_N, MASK=0, HAS_WINDOW=False, INTERPRET=INTERPRET)
+                                      ks_base, vs_base, bt_row, s_cb, s_cs, d * s_cd, d_mask,
+                                      qk_scale, PAGE, BLOCK_N, MASK=0, HAS_WINDOW=False,
+                                      QUANT=QUANT, SCALE_COL=D // 4, INTERPRET=INTERPRET)
     acc, m_i, l_i = _attend_range(q, acc, m_i, l_i, mid, hi, pos_q, window, k_base, v_base,
-                                  bt_row, s_cb, s_cs, d * s_cd, d_mask, qk_scale, PAGE, BLOCK_N,
-                                  MASK=2, HAS_WINDOW=HAS_WINDOW, INTERPRET=INTERPRET)
+                                  ks_base, vs_base, bt_row, s_cb, s_cs, d * s_cd, d_mask, qk_scale,
+                                  PAGE, BLOCK_N, MASK=2, HAS_WINDOW=HAS_WINDOW, QUANT=QUANT,
+                                  SCALE_COL=D // 4, INTERPRET=INTERPRET)
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(out_ptr + (q_start + tok)[:, None] * s_ot + head[:, None] * s_oh + d[None, :] * s_od,
              o.to(out_ptr.dtype.element_ty), mask=mask)
@@ -314,9 +364,10 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     g = h // kvh
     block_m, block_n, warps, stages = _prefill_config(d, g, q.device)
     grid = (info.shape[0], kvh, triton.cdiv(max_q_len, block_m // g))
+    ks, vs, quant = _scale_views(k_cache, v_cache)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, out, info, block_tables, scale * LOG2E, window or 0,
+        q, k_cache, v_cache, ks, vs, out, info, block_tables, scale * LOG2E, window or 0,
         *q.stride(), *k_cache.stride(), *out.stride(), block_tables.stride(0),
         G=g, D=d, PAGE=page, HAS_WINDOW=window is not None, BLOCK_M=block_m,
-        BLOCK_D=triton.next_power_of_2(d), BLOCK_N=block_n, INTERPRET=INTERPRETED, num_warps=warps,
-        num_stages=stages)
+        BLOCK_D=triton.next_power_of_2(d), BLOCK_N=block_n, QUANT=quant, INTERPRET=INTERPRETED,
+        num_warps=warps, num_stages=stages)
