@@ -102,6 +102,26 @@ class Meter:
                 "other_processes_cpu_seconds": round(self.other_cpu_seconds, 2)}
 
 
+def memory_report(engine) -> dict:
+    """How the engine holds its weights and cache, and this process's peak memory so far: the
+    way each quantization method and KV cache dtype is compared on memory (run one per process,
+    since the peaks are the process's)."""
+    import resource
+
+    import torch
+
+    from nextok.bench.latency import weight_bytes
+
+    cfg = engine.config
+    out = {"quantization": cfg.quantization, "kv_cache_dtype": cfg.cache.kv_cache_dtype,
+           "weight_bytes": weight_bytes(engine.runner.model, decode=False),
+           "kv_cache_bytes": sum(t.numel() * t.element_size() for kv in engine.runner.kv_caches for t in kv),
+           "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # KiB on Linux
+    if cfg.device == "cuda":
+        out["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    return out
+
+
 def write_json(path: str, data: dict) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:

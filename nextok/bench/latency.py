@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from nextok.bench.common import header, write_json
+from nextok.bench.common import header, memory_report, write_json
 
 
 def add_parser(sub, add_engine_args) -> None:
@@ -100,7 +100,8 @@ def run(args) -> int:
                      "input_len": args.input_len, "output_len": args.output_len,
                      "copy_bandwidth_GBps": bw / 1e9, "weight_bytes_per_step": weights,
                      "param_bytes": weight_bytes(model, decode=False),
-                     "kv_bytes_per_token": kv_per_token, "rounds": rounds, "summary": summary})
+                     "kv_bytes_per_token": kv_per_token, "memory": memory_report(main),
+                     "rounds": rounds, "summary": summary})
     if args.baseline == "transformers":
         if args.output:  # nextok's numbers are kept even if the baseline's compile is cut short
             write_json(args.output, result)
@@ -249,6 +250,10 @@ def hf_batch1(config, input_len: int, new: int, device: torch.device) -> dict:
 def _print(result: dict) -> None:
     print(f"copy bandwidth {result['copy_bandwidth_GBps']:.0f} GB/s, weights read per decode step "
           f"{result['weight_bytes_per_step'] / 1e9:.2f} GB")
+    mem = result["memory"]
+    print(f"weights held {mem['weight_bytes'] / 2**20:.0f} MiB, KV cache {mem['kv_cache_bytes'] / 2**20:.0f} "
+          f"MiB ({mem['kv_cache_dtype']}), peak RSS {mem['peak_rss_mib']:.0f} MiB"
+          + (f", peak GPU {mem['peak_gpu_mib']:.0f} MiB" if "peak_gpu_mib" in mem else ""))
     for name, rows in result["summary"].items():
         for b, r in rows.items():
             print(f"{name:>13} batch {b:>3}: decode step {r['decode_step_ms']:8.2f} ms "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 
 from nextok.bench import datasets
-from nextok.bench.common import Meter, header, write_json
+from nextok.bench.common import Meter, header, memory_report, write_json
 
 
 def add_parser(sub, add_engine_args) -> None:
@@ -69,7 +69,7 @@ def run(args) -> int:
                      "dtype": eng.config.dtype, "model": eng.config.model_path,
                      "dataset": args.dataset, "num_prompts": args.num_prompts,
                      "input_len": args.input_len, "output_len": args.output_len,
-                     "engine_stats": eng.stats(), "rounds": rounds,
+                     "engine_stats": eng.stats(), "memory": memory_report(eng), "rounds": rounds,
                      "summary": _summary(rounds)})
     _print(result)
     if args.output:

@@ -21,6 +21,11 @@ def test_latency_run_writes_its_figures(tmp_path, model_path):
     assert 85e6 < r["weight_bytes_per_step"] < 100e6
     assert r["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * 4
     assert r["copy_bandwidth_GBps"] > 0
+    mem = r["memory"]  # per method: how weights and cache are held, and the process's peak
+    assert mem["quantization"] is None and mem["kv_cache_dtype"] == "auto"
+    assert mem["weight_bytes"] == r["param_bytes"]
+    assert mem["kv_cache_bytes"] <= 64 << 20 and mem["kv_cache_bytes"] % (2 * 30 * 3 * 64 * 4) == 0
+    assert mem["peak_rss_mib"] > mem["weight_bytes"] / 2**20
     assert set(r["summary"]) == {"nextok", "nextok_eager", "nextok_sync"}
     for name in ("nextok", "nextok_eager", "nextok_sync"):
         for b in ("1", "2"):
