@@ -19,6 +19,11 @@
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
 
 #define MAX_ROWS 8
+/* Blocks ahead to prefetch. A decode step streams ~100 MB of blocks, which the hardware
+ * prefetcher alone did not keep up with: 4 GB/s of a 22 GB/s machine. Measured on a 2-core Xeon
+ * (2026-12-04), all the default model's layers at 1 row: 24.3 ms -> 15.5 ms (24 blocks ahead:
+ * 17.5, 128: 15.5); the engine's float32 decode 27.3 -> 18.2 ms per token. */
+#define PREFETCH_BLOCKS 64
 enum { Q4_1 = 3, Q8_0 = 8 };
 
 static inline float hsum(v8 v) {
@@ -108,6 +113,7 @@ static inline __attribute__((always_inline)) void rows_dot(
         for (int i = 0; i < M; i++) acc[i] = (v8){0};
         for (int b = 0; b < nb; b++) {
             v8 wv[4];
+            __builtin_prefetch(blocks + (size_t)(b + PREFETCH_BLOCKS) * block_bytes, 0, 0);
             dequant_block(blocks + (size_t)b * block_bytes, type, wv);
             for (int i = 0; i < M; i++) acc[i] += dot4(x + (size_t)i * k + b * 32, wv);
         }
@@ -151,6 +157,7 @@ int gguf_dequant_f32(const uint8_t *w, int type, int n, int k, float *out, int n
         const uint8_t *blocks = w + (size_t)row * nb * block_bytes;
         for (int b = 0; b < nb; b++) {
             v8 wv[4];
+            __builtin_prefetch(blocks + (size_t)(b + PREFETCH_BLOCKS) * block_bytes, 0, 0);
             dequant_block(blocks + (size_t)b * block_bytes, type, wv);
             memcpy(out + (size_t)row * k + b * 32, wv, sizeof(wv));
         }
