@@ -25,9 +25,11 @@ def launch(args: argparse.Namespace) -> int:
     config = server_config(args)
     configure_logging(args.log_level if args.log_level != "warning" else "info", config.log_format)
     sock = bind_socket(config.host, config.port)
-    engine = create_engine(EngineArgs(**engine_kwargs(args)))
     metrics = ServerMetrics(config.served_model_name)
-    async_engine = AsyncEngine(engine, on_step=metrics.observe_step, on_abort=metrics.observe_abort)
+    # Built in the thread that will step it (why: AsyncEngine's docstring, OpenMP teams).
+    async_engine = AsyncEngine.build_in_thread(lambda: create_engine(EngineArgs(**engine_kwargs(args))),
+                                               on_step=metrics.observe_step,
+                                               on_abort=metrics.observe_abort)
     app = build_app(async_engine, config, metrics)
     state = app.state.nextok
     server = DrainingServer(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",

@@ -1,0 +1,62 @@
+"""AsyncEngine.build_in_thread: the engine is built in the thread that then steps it (so its
+OpenMP team is the only one: see AsyncEngine's docstring), serves requests once started, and a
+failed build is raised to the caller."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+
+from nextok import SamplingParams
+from nextok.engine.async_engine import AsyncEngine
+from nextok.engine.factory import EngineArgs, create_engine
+
+CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+          "tie_word_embeddings": True, "vocab_size": 49152}
+
+
+def test_built_and_stepped_in_one_thread(tmp_path, model_path):
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    threads = {}
+
+    def build():
+        threads["build"] = threading.get_ident()
+        return create_engine(EngineArgs(model=str(tmp_path), load_format="dummy", tokenizer=model_path,
+                                        dtype="float32", num_kv_blocks=32))
+
+    def on_step(outputs, stats):
+        threads.setdefault("step", threading.get_ident())
+
+    engine = AsyncEngine.build_in_thread(build, on_step=on_step)
+    assert "build" in threads and not engine.is_running  # built, waiting for start()
+
+    async def serve():
+        engine.start()
+        assert engine.is_running
+        params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+        return [out async for out in engine.add("r1", [100, 200, 300], params)]
+
+    try:
+        outs = asyncio.run(serve())
+    finally:
+        engine.shutdown()
+    assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 5
+    assert threads["step"] == threads["build"] != threading.get_ident()
+    assert not engine._thread.is_alive()
+
+
+def test_a_failed_build_is_raised_and_shutdown_before_start_returns(tmp_path, model_path):
+    def broken():
+        raise ValueError("no such model")
+
+    with pytest.raises(ValueError, match="no such model"):
+        AsyncEngine.build_in_thread(broken)
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    engine = AsyncEngine.build_in_thread(lambda: create_engine(EngineArgs(
+        model=str(tmp_path), load_format="dummy", tokenizer=model_path, num_kv_blocks=32)))
+    engine.shutdown(timeout=10)  # never started: its thread ends at once
+    assert not engine._thread.is_alive() and not engine.is_running
