@@ -19,6 +19,7 @@ sys.path.insert(0, os.getcwd())
 
 from benchmarks.gpu.real_model_check import NEW, hf_greedy  # noqa: E402
 from nextok import LLM, SamplingParams  # noqa: E402
+from nextok.bench.common import header  # noqa: E402
 from tests.prompts import PROMPTS  # noqa: E402
 
 
@@ -50,7 +51,7 @@ def main() -> int:
               "nextok_bf16_vs_hf_bf16": agreement(ours, runs["torch.bfloat16"])}
     print(json.dumps(result, indent=1))
     with open(out_path, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump(header(result), f, indent=1)  # with the commit, machine and command
     return 0
 
 

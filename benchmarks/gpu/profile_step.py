@@ -22,6 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.getcwd())
 
 from nextok import LLM, SamplingParams  # noqa: E402
+from nextok.bench.common import header  # noqa: E402
 
 STEPS = 48
 INPUT = 512
@@ -123,7 +124,7 @@ def main() -> int:
         del llm
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump(header(result), f, indent=1)  # with the commit, machine and command
     return 0
 
 

@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, os.getcwd())
 
 from nextok import LLM, SamplingParams  # noqa: E402
+from nextok.bench.common import header  # noqa: E402
 from nextok.attention.base import AttentionMetadata, PrefillChunk  # noqa: E402
 from nextok.attention.torch_ref import TorchRefBackend, decode_mask  # noqa: E402
 from tests.prompts import PROMPTS  # noqa: E402
@@ -161,7 +162,7 @@ def main() -> int:
     result["async_vs_sync"] = async_vs_sync(llm, path, prompts)
     print(json.dumps(result, indent=1))
     with open(out_path, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump(header(result), f, indent=1)  # with the commit, machine and command
     return 0
 
 
