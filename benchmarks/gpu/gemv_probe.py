@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+sys.path.insert(0, os.getcwd())
+
+from nextok.bench.common import header  # noqa: E402
 
 # (name, N out, K in): Llama-3.1-8B
 SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
@@ -116,7 +121,7 @@ def main() -> int:
         tr = sum(r["triton_best"]["us"] for r in rows if r["m"] == m and r["triton_best"])
         print(f"m={m}: one layer + lm_head share, cuBLAS {cb:.1f} us vs best Triton {tr:.1f} us")
     with open(out_path, "w") as f:
-        json.dump({"rows": rows}, f, indent=1)
+        json.dump(header({"rows": rows}), f, indent=1)  # with the commit, machine and command
     return 0
 
 

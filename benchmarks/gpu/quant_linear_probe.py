@@ -18,6 +18,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.getcwd())
 
+from nextok.bench.common import header  # noqa: E402
+
 from nextok.kernels.triton.quant_linear import w4a16, w8a16  # noqa: E402
 from nextok.quant.int4 import dequantize_groups, pack_nibbles, quantize_groups  # noqa: E402
 from nextok.quant.int8 import dequantize, quantize_per_channel  # noqa: E402
@@ -75,7 +77,7 @@ def main() -> int:
         print(f"rows {mrows}, one 8B layer: bf16 {b:.1f} us, w4a16 {f4:.1f} us ({b / f4:.2f}x), "
               f"w8a16 {f8:.1f} us ({b / f8:.2f}x)")
     with open(sys.argv[1], "w") as f:
-        json.dump({"commit": os.environ.get("NEXTOK_COMMIT"), "rows": rows}, f, indent=1)
+        json.dump(header({"rows": rows}), f, indent=1)  # with the commit, machine and command
     return 0
 
 
