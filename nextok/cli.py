@@ -43,7 +43,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="CUDA: largest decode batch replayed from a captured graph")
     g.add_argument("--quantization", default=None,
                    help="quantize the decoder's linear layers at load: int8 (weight-only, per "
-                        "output channel) or int4 (weight-only, round-to-nearest, groups of 128)")
+                        "output channel), int4 (weight-only, round-to-nearest, groups of 128) or "
+                        "fp8 (W8A8 e4m3; GPUs with FP8 tensor cores)")
     g.add_argument("--quant-group-size", type=int, default=128,
                    help="int4: consecutive weights of a row sharing one scale and minimum")
     g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],

@@ -63,6 +63,11 @@ def create_engine(args: EngineArgs):
         torch.set_num_threads(args.num_threads)
     device = platform.resolve_device(args.device)
     dtype = platform.resolve_dtype(args.dtype, device)
+    if args.quantization is not None:  # e.g. fp8 without FP8 tensor cores: before any loading
+        from nextok.quant import get_quant_method
+
+        get_quant_method(args.quantization, args.quant_group_size).check(torch.device(device),
+                                                                         getattr(torch, dtype))
     path = hub.resolve_model(args.model, download=args.download)
     ckpt = load_checkpoint(path, args.load_format)
     model_config = ModelConfig.from_hf_dict(ckpt.hf_config)
