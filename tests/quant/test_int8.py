@@ -78,7 +78,7 @@ def test_quantize_model_swaps_decoder_linears_only():
 def test_unknown_method_is_a_clear_error():
     from nextok.errors import NextokError
 
-    with pytest.raises(NextokError, match="unknown --quantization 'int3'; known: int4, int8"):
+    with pytest.raises(NextokError, match="unknown --quantization 'int3'; known: fp8, int4, int8"):
         get_quant_method("int3")
 
 
