@@ -1,6 +1,7 @@
 """The QuantMethod interface and the module swap that applies it to a loaded model."""
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 
 import torch
@@ -39,3 +40,15 @@ def quantize_model(model: nn.Module, method: QuantMethod) -> int:
         bias = None if mod.bias is None else mod.bias.detach()
         setattr(parent, attr, method.create_layer(mod.weight.detach(), bias))
     return len(targets)
+
+
+@functools.cache
+def triton_gemv_rows() -> int:
+    """Rows up to which a quantized layer's CUDA step runs the W4A16 / W8A16 Triton kernels
+    (kernels/triton/quant_linear.py); 0 without triton (the torch path takes every step).
+    Decided once: the layers ask on every call."""
+    try:
+        from nextok.kernels.triton.quant_linear import MAX_ROWS
+    except ImportError:
+        return 0
+    return MAX_ROWS

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from nextok.errors import NextokError
-from nextok.quant.base import QuantMethod
+from nextok.quant.base import QuantMethod, triton_gemv_rows
 
 Q4_1 = 3  # ggml's type id for Q4_1 blocks
 
@@ -42,24 +42,6 @@ def dequantize_groups(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torc
     return w.view(out, k)
 
 
-def q4_1_blocks(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """-> Q4_1 blocks [out, in / 32 * 20] uint8: per 32 weights f16 d, f16 m, then byte j holds
-    q[j] in its low nibble and q[j + 16] in its high one."""
-    out, k = q.shape
-    nb = k // 32
-    per_group = nb // d.shape[1]
-    dm = torch.stack([d, m], dim=2).repeat_interleave(per_group, dim=1)  # [out, nb, 2] f16
-    qb = q.view(out, nb, 32)
-    nibbles = (qb[:, :, :16] | (qb[:, :, 16:] << 4)).contiguous()  # [out, nb, 16]
-    return torch.cat([dm.contiguous().view(torch.uint8), nibbles], dim=2).reshape(out, nb * 20)
-
-
-def zero_point_blocks(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """Weights s * (q - z) (AWQ's and GPTQ's definition; q [out, in], z and s [out, G]) as Q4_1
-    blocks: d = s, m = -z * s rounded to float16, at most |z * s| * 2^-11 from the definition."""
-    return q4_1_blocks(q, s.to(torch.float16), (-(z.float() * s.float())).to(torch.float16))
-
-
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
     """q uint8 [out, in] in 0..15 -> [out, in / 2]: per 32 columns, byte j = q[j] | q[j + 16] << 4."""
     out, k = q.shape
@@ -71,6 +53,23 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     out, half = packed.shape
     b = packed.view(out, half // 16, 16)
     return torch.cat([b & 0xF, b >> 4], dim=2).reshape(out, 2 * half)
+
+
+def q4_1_blocks(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """-> Q4_1 blocks [out, in / 32 * 20] uint8: per 32 weights f16 d, f16 m, then byte j holds
+    q[j] in its low nibble and q[j + 16] in its high one."""
+    out, k = q.shape
+    nb = k // 32
+    per_group = nb // d.shape[1]
+    dm = torch.stack([d, m], dim=2).repeat_interleave(per_group, dim=1)  # [out, nb, 2] f16
+    nibbles = pack_nibbles(q).view(out, nb, 16)
+    return torch.cat([dm.contiguous().view(torch.uint8), nibbles], dim=2).reshape(out, nb * 20)
+
+
+def zero_point_blocks(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """Weights s * (q - z) (AWQ's and GPTQ's definition; q [out, in], z and s [out, G]) as Q4_1
+    blocks: d = s, m = -z * s rounded to float16, at most |z * s| * 2^-11 from the definition."""
+    return q4_1_blocks(q, s.to(torch.float16), (-(z.float() * s.float())).to(torch.float16))
 
 
 class Int4Linear(nn.Module):
@@ -85,7 +84,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        if x.is_cuda and x.shape[0] <= _gemv_rows():
+        if x.is_cuda and x.shape[0] <= triton_gemv_rows():
             from nextok.kernels.triton.quant_linear import w4a16
 
             return w4a16(x if x.stride(-1) == 1 else x.contiguous(), self.qweight, self.scales,
@@ -96,15 +95,6 @@ class Int4Linear(nn.Module):
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, int4 groups of " \
                f"{self.in_features // self.scales.shape[1]}"
-
-
-def _gemv_rows() -> int:
-    """Rows up to which the Triton kernel runs: 0 when triton is missing (torch path only)."""
-    try:
-        from nextok.kernels.triton.quant_linear import MAX_ROWS
-    except ImportError:
-        return 0
-    return MAX_ROWS
 
 
 class Int4RoundToNearest(QuantMethod):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nextok.quant.base import QuantMethod
+from nextok.quant.base import QuantMethod, triton_gemv_rows
 
 Q8_0 = 8  # ggml's type id for Q8_0 blocks
 
@@ -55,9 +55,7 @@ class Int8Linear(nn.Module):
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from nextok.quant.int4 import _gemv_rows
-
-        if x.is_cuda and x.shape[0] <= _gemv_rows():
+        if x.is_cuda and x.shape[0] <= triton_gemv_rows():
             from nextok.kernels.triton.quant_linear import w8a16
 
             return w8a16(x if x.stride(-1) == 1 else x.contiguous(), self.qweight, self.scale,
