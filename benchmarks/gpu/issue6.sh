@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu/issue6.sh fp32-check        bf16 greedy of nextok and HF against HF float32
 #   bash benchmarks/gpu/issue6.sh kernels           kernel tests and table, latency, profile, GEMV probe
 #   bash benchmarks/gpu/issue6.sh model             the real model checks and the float32 check
+#   bash benchmarks/gpu/issue6.sh pdl               GEMV / PDL tests, the variants timed, 8B latency
 # (kernels, model and compile-baseline: three back-to-back calls of one session. The first copies
 # gguf_a to /tmp, the second carries gguf_b, so no call carries more than 64 MiB.)
 # Inputs carried in .gpucarry/ (ignored by git): the default GGUF in two halves (gguf_a/part,
@@ -62,6 +63,24 @@ kernels)
         step GEMV probe: Triton vs cuBLAS at decode shapes
         timeout ${T_GEMV:-100} python3 benchmarks/gpu/gemv_probe.py "$OUT/gemv-probe.json" 2>&1 | grep -v "^  " | tail -14
     fi
+    ;;
+pdl)
+    step environment
+    { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+      python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)'
+      echo "commit ${NEXTOK_COMMIT:-unknown}"; } | tee "$OUT/env.txt"
+    join_model || true  # only keeps gguf_a in /tmp for the next call
+    step GEMV and PDL kernel tests on CUDA, realistic shapes
+    timeout ${T_TESTS:-150} python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_triton_gemv.py \
+        tests/kernels/test_triton_fused.py tests/model/test_fused_decode_layers.py 2>&1 | tail -8 \
+        | tee "$OUT/kernel-tests.txt"
+    step decode step: cuBLAS vs Triton GEMV, with and without PDL, Llama-3.1-8B shape
+    timeout ${T_PDL:-240} python3 benchmarks/gpu/pdl_probe.py benchmarks/configs/llama-3.1-8b $TOK \
+        "$OUT/pdl-probe-llama-8b.json" 3 2>&1 | grep -v Warning | tail -40
+    step bench latency, Llama-3.1-8B shape, defaults
+    timeout ${T_8B:-150} python3 -m nextok bench latency --model benchmarks/configs/llama-3.1-8b $DUMMY \
+        --batch-sizes 1,8,32 --repeats 3 --cuda-graph-max-batch 32 \
+        --output "$OUT/latency-llama-8b.json" 2>&1 | tail -8
     ;;
 model)
     step the real model: triton vs transformers, triton vs torch backend, async vs sync

@@ -123,3 +123,20 @@ class SwiGLU(nn.Module):
             return self.down_proj(self.fused.silu_mul(gate_up))
         gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(nn.functional.silu(gate) * up)
+
+
+class FusedLinear(nn.Module):
+    """A dense linear layer that multiplies through its fused ops' `linear` (on CUDA: a Triton
+    GEMV for decode-sized steps, kernels/triton/gemv.py). It holds the very Parameters of the
+    nn.Linear it replaces, under the same names. x: [T, in] -> [T, out]."""
+
+    def __init__(self, linear: nn.Linear, fused):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.fused = fused
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused is None:
+            return nn.functional.linear(x, self.weight, self.bias)
+        return self.fused.linear(x, self.weight, self.bias)

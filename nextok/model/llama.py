@@ -13,7 +13,7 @@ from torch import nn
 from nextok.attention.base import AttentionBackend, AttentionMetadata
 from nextok.config import ModelConfig
 from nextok.errors import ModelLoadError
-from nextok.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from nextok.model.layers import FusedLinear, RMSNorm, RotaryEmbedding, SwiGLU
 
 
 class Attention(nn.Module):
@@ -88,6 +88,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = None
         else:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self._linear_ops = None  # the fused ops' `linear` for the tied lm_head (set_fused_ops)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
@@ -103,6 +104,8 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [S, hidden] (only the rows that sample) -> [S, vocab]
         if self.lm_head is None:  # tied to the embedding
+            if self._linear_ops is not None:
+                return self._linear_ops.linear(hidden, self.embed_tokens.weight, None)
             return torch.nn.functional.linear(hidden, self.embed_tokens.weight)
         return self.lm_head(hidden)
 
@@ -118,7 +121,16 @@ class LlamaForCausalLM(nn.Module):
         return num
 
     def set_fused_ops(self, ops) -> None:
-        """Binds the fused elementwise ops (kernels/select.py) to every layer that takes them."""
+        """Binds the fused elementwise ops (kernels/select.py) to every layer that takes them;
+        with ops that multiply (`linear`), the dense nn.Linear layers go through them too (quantized
+        layers, which are not nn.Linear, keep their own kernels)."""
+        if ops is not None and hasattr(ops, "linear"):
+            for name, module in list(self.named_modules()):
+                if type(module) is nn.Linear:
+                    parent_name, _, attr = name.rpartition(".")
+                    parent = self.get_submodule(parent_name) if parent_name else self
+                    setattr(parent, attr, FusedLinear(module, ops))
+        self._linear_ops = ops if ops is not None and hasattr(ops, "linear") else None
         for module in self.modules():
             if hasattr(module, "fused"):
                 module.fused = ops

@@ -26,6 +26,9 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
+from nextok.kernels.triton import pdl
+from nextok.kernels.triton.pdl import pdl_wait
+
 LOG2E = 1.4426950408889634
 
 
@@ -170,11 +173,12 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr
                          G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                          NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                         QUANT: tl.constexpr, INTERPRET: tl.constexpr):
+                         QUANT: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr):
     # Grid (B, KVH, NUM_SPLITS). The visible keys [lo, len) are cut into NUM_SPLITS ranges of
     # whole BLOCK_N tiles, sized from this sequence's length; a split past the end does nothing
     # and writes an empty partial (lse = -inf, o = 0) that the reduce ignores.
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pdl_wait(PDL)
     ctx = tl.load(lens_ptr + b).to(tl.int32)
     lo = 0
     if HAS_WINDOW:
@@ -214,9 +218,10 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr
 @triton.jit
 def _decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, s_ot, s_oh, s_od,
                           D: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     # Grid (B, H): out = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse).
     b, h = tl.program_id(0), tl.program_id(1)
+    pdl_wait(PDL)
     row = b * tl.num_programs(1) + h
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
@@ -269,16 +274,18 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         mid_o = torch.empty(b, h, num_splits, d, dtype=torch.float32, device=q.device)
         mid_lse = torch.empty(b, h, num_splits, dtype=torch.float32, device=q.device)
     ks, vs, quant = _scale_views(k_cache, v_cache)
+    use_pdl = pdl.enabled(q.device)  # each kernel waits before it reads (kernels/triton/pdl.py)
     _decode_split_kernel[(b, kvh, num_splits)](
         q, k_cache, v_cache, ks, vs, block_tables, context_lens, out, mid_o, mid_lse,
         scale * LOG2E, window or 0, *q.stride(), *k_cache.stride(), block_tables.stride(0),
         *out.stride(), G=g, D=d, PAGE=page, NUM_SPLITS=num_splits, HAS_WINDOW=window is not None,
         BLOCK_G=max(16, triton.next_power_of_2(g)), BLOCK_D=block_d, BLOCK_N=block_n,
-        QUANT=quant, INTERPRET=INTERPRETED, num_warps=warps)
+        QUANT=quant, INTERPRET=INTERPRETED, num_warps=warps, PDL=use_pdl, launch_pdl=use_pdl)
     if num_splits > 1:
         _decode_reduce_kernel[(b, h)](mid_o, mid_lse, out, *out.stride(), D=d,
                                       NUM_SPLITS=num_splits,
-                                      BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d)
+                                      BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+                                      PDL=use_pdl, launch_pdl=use_pdl)
 
 
 # ---- paged prefill: all chunks of a step in one launch -------------------------------------------

@@ -16,9 +16,14 @@ in CUDA graphs. Without a GPU they run in Triton's interpreter (TRITON_INTERPRET
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+
+from nextok.kernels.triton import pdl
+from nextok.kernels.triton.pdl import pdl_wait
 
 
 @triton.jit
@@ -36,8 +41,9 @@ def _round(x, dtype: tl.constexpr):
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, x_stride, res_stride, out_stride, d, eps,
-                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     # One row: [BLOCK >= d] columns, the tail masked.
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < d
@@ -55,8 +61,10 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, x_stride, res_stride, o
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, gu_stride, out_stride, inter, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, gu_stride, out_stride, inter, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
     # Program (row, block of columns): out[row, c] = silu(gate[row, c]) * up[row, c].
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -72,12 +80,13 @@ def _silu_mul_kernel(gu_ptr, out_ptr, gu_stride, out_stride, inter, BLOCK: tl.co
 def _rope_neox_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr, qkv_stride, cos_stride,
                       sin_stride, num_heads, num_q_heads, num_kv_heads, s_cb, s_cs, s_ch,
                       HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, STORE: tl.constexpr,
-                      BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                      BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     # Program (row, block of heads): (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) per head,
     # x1 the first half of a head, x2 the second; cos/sin [D/2] loaded once for the row.
     # STORE: heads [num_q_heads, num_heads) are the k heads; each rotated k head and the v head
     # of the same index (num_kv_heads heads further along the row) are also written to the
     # caches' row of this token's slot (-1: a padding token, written nowhere).
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     cols = tl.arange(0, BLOCK_D)
@@ -115,15 +124,41 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _pdl(device: torch.device) -> dict:
+    """The launch arguments of a kernel that keeps pdl.py's contract (waits before any access)."""
+    on = pdl.enabled(device)
+    return dict(PDL=on, launch_pdl=on)
+
+
 def _norm_warps(block: int) -> int:
     # H200, bf16, 2048 rows: 4 warps best up to 2048 columns; 4 and 8 tie at 4096.
     return min(16, max(4, block // 512))
 
 
 class TritonFusedOps:
-    """The `fused` interface of RMSNorm, Attention and SwiGLU (see kernels/ref.py), on CUDA."""
+    """The `fused` interface of RMSNorm, Attention and SwiGLU (see kernels/ref.py), on CUDA; and
+    `linear` for the model's dense layers (model/layers.py FusedLinear)."""
 
     name = "triton"
+
+    def __init__(self, gemv_rows: int | None = None):
+        from nextok.kernels.triton.gemv import MAX_ROWS
+
+        # Steps of up to this many rows take the Triton GEMV (NEXTOK_TRITON_GEMV=0: never).
+        if gemv_rows is None:
+            gemv_rows = MAX_ROWS if os.environ.get("NEXTOK_TRITON_GEMV", "1") != "0" else 0
+        self.gemv_rows = min(gemv_rows, MAX_ROWS)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [T, in] @ weight[out, in].T + bias: the GEMV for decode-sized half-precision steps on
+        CUDA, torch's (cuBLAS) otherwise."""
+        if (x.shape[0] <= self.gemv_rows and x.is_cuda and x.dim() == 2 and x.dtype == weight.dtype
+                and x.dtype in (torch.bfloat16, torch.float16) and x.stride(-1) == 1
+                and weight.is_contiguous()):
+            from nextok.kernels.triton.gemv import gemv
+
+            return gemv(x, weight, bias)
+        return torch.nn.functional.linear(x, weight, bias)
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,7 +173,8 @@ class TritonFusedOps:
             block = triton.next_power_of_2(d)
             _add_rms_norm_kernel[(t,)](
                 x, residual, weight, out, x.stride(0), residual.stride(0), out.stride(0), d, eps,
-                HAS_RESIDUAL=has_res, BLOCK=block, num_warps=_norm_warps(block))
+                HAS_RESIDUAL=has_res, BLOCK=block, num_warps=_norm_warps(block),
+                **_pdl(x.device))
         return out, residual
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -149,7 +185,8 @@ class TritonFusedOps:
         if t:
             block = min(triton.next_power_of_2(inter), 1024)
             _silu_mul_kernel[(t, triton.cdiv(inter, block))](
-                gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4)
+                gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4,
+                **_pdl(gate_up.device))
         return out
 
     def rope_neox(self, qkv: torch.Tensor, num_heads: int, head_dim: int, cos: torch.Tensor,
@@ -191,4 +228,4 @@ class TritonFusedOps:
         _rope_neox_kernel[(t, triton.cdiv(num_heads, block_h))](
             qkv, cos, sin, kc, vc, slots, qkv.stride(0), cos.stride(0), sin.stride(0), num_heads,
             num_q, num_kv, *strides, HEAD_DIM=head_dim, PAGE=page, STORE=store is not None,
-            BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4, enable_fp_fusion=False)
+            BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4, enable_fp_fusion=False, **_pdl(qkv.device))
