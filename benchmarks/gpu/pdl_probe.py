@@ -22,7 +22,11 @@ from nextok.bench.common import header  # noqa: E402
 from nextok.bench.latency import copy_bandwidth, device_step_ms, weight_bytes  # noqa: E402
 from nextok.kernels.triton import pdl  # noqa: E402
 
-VARIANTS = {"cublas": (0, False), "gemv": (8, False), "gemv+pdl": (8, True), "cublas+pdl": (0, True)}
+# name -> (rows up to which the Triton GEMV runs, PDL)
+VARIANTS = {"cublas": (0, False), "cublas+pdl": (0, True), "gemv1+pdl": (1, True),
+            "gemv8+pdl": (8, True), "gemv8": (8, False)}
+SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
+          ("lm_head", 128256, 4096)]
 BATCHES, CTX = (1, 8), 192
 
 
@@ -51,9 +55,41 @@ def logits_on_fixed_state(runner, b: int) -> torch.Tensor:
     return runner.model.compute_logits(hidden).float().cpu()
 
 
+def isolated_gemv() -> list[dict]:
+    """The GEMV against cuBLAS per 8B shape, alone (weights rotate over copies beyond L2)."""
+    from nextok.kernels.triton.gemv import gemv
+
+    rows = []
+    for (name, n, k), m in [(s, m) for s in SHAPES for m in BATCHES]:
+        copies = max(2, -(-512 * 2**20 // (n * k * 2)))
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        err = (gemv(x, ws[0]).float() - torch.nn.functional.linear(x, ws[0]).float()).abs().max().item()
+        row = {"shape": name, "n": n, "k": k, "m": m, "max_abs_err": err}
+        for label, fn in (("cublas_us", torch.nn.functional.linear), ("triton_us", gemv)):
+            for i in range(3):
+                fn(x, ws[i % copies])
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for i in range(60):
+                fn(x, ws[i % copies])
+            b.record()
+            torch.cuda.synchronize()
+            row[label] = a.elapsed_time(b) * 1e3 / 60
+        rows.append(row)
+        print(f"{name:>8} m={m}: cuBLAS {row['cublas_us']:.1f} us, GEMV {row['triton_us']:.1f} us, "
+              f"err {err:.4f}", flush=True)
+        del ws
+    torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> int:
     config_dir, tok, out_path = sys.argv[1:4]
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 3
+    pdl.set_enabled(False)
+    isolated = isolated_gemv()
     llm = LLM(model=config_dir, tokenizer=tok, load_format="dummy", dtype="bfloat16",
               max_model_len=4096, cuda_graph_max_batch=8, max_num_seqs=8)
     runner = llm.engine.runner
@@ -88,14 +124,15 @@ def main() -> int:
                 "max_abs_diff_vs_cublas": (d - base).abs().max().item(),
                 "argmax_equal_vs_cublas": bool((d.argmax(-1) == base.argmax(-1)).all()),
             }
-        for a, p in (("gemv", "gemv+pdl"), ("cublas", "cublas+pdl")):
+        for a, p in (("gemv8", "gemv8+pdl"), ("cublas", "cublas+pdl")):
             checks[f"{p} b={b} bitwise equal to {a}"] = bool(torch.equal(logits[(a, b)], logits[(p, b)]))
     roof = {"weight_bytes_per_step": weights, "copy_bandwidth_GBps": bw / 1e9,
             "weights_over_bandwidth_ms": weights / bw * 1e3,
             "issue_roofline_ms_16.06GB": 16.06e9 / bw * 1e3}
     result = header({"benchmark": "decode step: cuBLAS vs Triton GEMV, with and without PDL",
                      "model": config_dir, "context": CTX, "rounds": rounds, "summary": summary,
-                     "checks": checks, "roofline": roof})
+                     "checks": checks, "roofline": roof,
+                     "isolated_gemv": isolated})
     for name in VARIANTS:
         print(f"{name:>11}: " + ", ".join(f"b={b} {summary[name][str(b)]['median_ms']:.3f} ms"
                                           for b in BATCHES))

@@ -4,7 +4,9 @@ Why not cuBLAS: on an H200 cuBLAS splits two of the four GEMMs of each Llama-3.1
 K at batch 1 and adds a reduce launch for each (64 launches, ~0.1 ms of a 4.6 ms step), and its
 kernels cannot take part in programmatic dependent launch (kernels/triton/pdl.py). This kernel
 reads BLOCK_N rows of W, all of K, once for every row of x, with no split, and loads its first
-weight tile before it waits for x: the weights depend on no earlier kernel.
+weight tile before it waits for x: the weights depend on no earlier kernel. (The next tile is
+not loaded by hand ahead of the multiply: in registers that made the 8-row step 1.3x slower on
+an H200; Triton's own pipelining of the plain loop keeps the stream going.)
 
 One row: a multiply and sum on CUDA cores; more rows: tl.dot with the rows padded to 16. Tile
 sizes from benchmarks/gpu/gemv_probe.py on an H200 at the 8B shapes
@@ -24,10 +26,24 @@ MAX_ROWS = 8  # above this cuBLAS's tiled GEMMs win
 
 
 @triton.jit
+def _tile(acc, a, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
+    # acc += a [BLOCK_M, BLOCK_K] @ w [BLOCK_N, BLOCK_K].T; without tl.dot acc is [BLOCK_N,
+    # BLOCK_K] of per-lane partial sums (one row of a), reduced once at the end.
+    if USE_DOT:
+        if IEEE:  # float32 (or the interpreter, whose tl.dot multiplies bfloat16's raw bits)
+            acc += tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+        else:
+            acc += tl.dot(a, tl.trans(w))
+    else:
+        acc += w.to(tl.float32) * a.to(tl.float32)
+    return acc
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, s_xm, s_wn, s_ym,
                  K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PDL: tl.constexpr, INTERPRET: tl.constexpr):
+                 PDL: tl.constexpr, IEEE: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N),). x: [M, K] rows unit-stride; W: [N, K]; y: [M, N].
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -35,30 +51,24 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, s_xm, s_wn, s_ym,
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     k = tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + n[:, None] * s_wn + k[None, :]
-    w = tl.load(w_ptrs, mask=n_ok[:, None] & (k < K)[None, :], other=0.0)  # before the wait
+    w_rows = w_ptr + n[:, None] * s_wn
+    x_rows = x_ptr + rows[:, None] * s_xm
+    # The first weight tile is loaded before the wait: weights depend on no earlier kernel.
+    w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
     pdl_wait(PDL)
     if USE_DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    else:  # BLOCK_M == 1: per-lane partial sums, reduced once at the end
-        part = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    else:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & (k < K)[None, :], other=0.0)
+    acc = _tile(acc, a, w, USE_DOT, IEEE)
+    for k0 in range(BLOCK_K, K, BLOCK_K):  # the rest: a plain loop Triton pipelines (num_stages)
         kk = k0 + k
-        a = tl.load(x_ptr + rows[:, None] * s_xm + kk[None, :],
-                    mask=row_ok[:, None] & (kk < K)[None, :], other=0.0)
-        # the next tile's weights, while this one is multiplied
-        w_next = tl.load(w_ptrs + (k0 + BLOCK_K), mask=n_ok[:, None] & (kk + BLOCK_K < K)[None, :],
-                         other=0.0)
-        if USE_DOT:
-            if INTERPRET:  # the interpreter's tl.dot multiplies bfloat16's raw bits
-                acc += tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
-            else:
-                acc += tl.dot(a, tl.trans(w))
-        else:
-            part += w.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
-        w = w_next
+        w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & (kk < K)[None, :], other=0.0)
+        a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & (kk < K)[None, :], other=0.0)
+        acc = _tile(acc, a, w, USE_DOT, IEEE)
     if not USE_DOT:
-        acc = tl.sum(part, axis=1)[None, :]
+        acc = tl.sum(acc, axis=1)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * s_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
@@ -68,13 +78,21 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, s_xm, s_wn, s_ym,
 INTERPRETED = not isinstance(_gemv_kernel, JITFunction)
 
 
-def _config(m: int, device: torch.device) -> dict:
+def _config(m: int, n: int, k: int, device: torch.device) -> dict:
+    """Tiles per shape class, the fastest of benchmarks/gpu/gemv_probe.py's sweep on an H200 at
+    the Llama-3.1-8B shapes: long K (down_proj), wide N (gate_up, lm_head), the rest (qkv, o)."""
     if device.type != "cuda":  # the interpreter: small tiles, few programs' worth of work
         return dict(USE_DOT=m > 1, BLOCK_M=1 if m == 1 else 16, BLOCK_N=16, BLOCK_K=32,
                     num_warps=4, num_stages=1)
+    if k > 8192:
+        return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=512, num_warps=4, num_stages=4)
     if m == 1:
-        return dict(USE_DOT=False, BLOCK_M=1, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3)
-    return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3)
+        if n >= 16384:
+            return dict(USE_DOT=False, BLOCK_M=1, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=4)
+        return dict(USE_DOT=False, BLOCK_M=1, BLOCK_N=32, BLOCK_K=256, num_warps=8, num_stages=4)
+    if n >= 16384:
+        return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3)
+    return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=4)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -86,10 +104,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                          f"weight, not x {list(x.shape)} and weight {list(weight.shape)}")
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m:
-        cfg = _config(m, x.device)
+        cfg = _config(m, n, k, x.device)
         use_pdl = pdl.enabled(x.device)
         _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
             x, weight, bias if bias is not None else weight, y, m, n, x.stride(0), k, y.stride(0),
-            K=k, HAS_BIAS=bias is not None, PDL=use_pdl, INTERPRET=INTERPRETED,
+            K=k, HAS_BIAS=bias is not None, PDL=use_pdl,
+            IEEE=INTERPRETED or x.dtype == torch.float32,
             launch_pdl=use_pdl, **cfg)
     return y
