@@ -29,7 +29,7 @@ def test_gemv_equals_matmul(m, n, k, dtype, with_bias):
     assert y.shape == (m, n) and y.dtype == dtype
     ref = F.linear(x.float(), w.float(), None if b is None else b.float())
     # float32 accumulation in both; bf16 output rounding (2^-8 relative) is the tolerance
-    tol = 1e-4 if dtype == torch.float32 else 8e-3
+    tol = 1e-3 if dtype == torch.float32 else 8e-3
     torch.testing.assert_close(y.float(), ref, rtol=tol, atol=tol * ref.abs().max().item())
 
 

@@ -3,10 +3,9 @@
 Why not cuBLAS: on an H200 cuBLAS splits two of the four GEMMs of each Llama-3.1-8B layer along
 K at batch 1 and adds a reduce launch for each (64 launches, ~0.1 ms of a 4.6 ms step), and its
 kernels cannot take part in programmatic dependent launch (kernels/triton/pdl.py). This kernel
-reads BLOCK_N rows of W, all of K, once for every row of x, with no split, and loads its first
-weight tile before it waits for x: the weights depend on no earlier kernel. (The next tile is
-not loaded by hand ahead of the multiply: in registers that made the 8-row step 1.3x slower on
-an H200; Triton's own pipelining of the plain loop keeps the stream going.)
+reads BLOCK_N rows of W, all of K, once for every row of x, with no split. (Loading weight
+tiles by hand ahead of the PDL wait or of the multiply made it slower on an H200: 1.3x at 8
+rows, 1.4-1.6x at the qkv and o shapes alone; the plain loop is what Triton pipelines well.)
 
 One row: a multiply and sum on CUDA cores; more rows: tl.dot with the rows padded to 16. Tile
 sizes from benchmarks/gpu/gemv_probe.py on an H200 at the 8B shapes
@@ -40,35 +39,37 @@ def _tile(acc, a, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, s_xm, s_wn, s_ym,
-                 K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_ym,
+                 HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PDL: tl.constexpr, IEEE: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N),). x: [M, K] rows unit-stride; W: [N, K]; y: [M, N].
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
-    k = tl.arange(0, BLOCK_K)
-    w_rows = w_ptr + n[:, None] * s_wn
-    x_rows = x_ptr + rows[:, None] * s_xm
-    # The first weight tile is loaded before the wait: weights depend on no earlier kernel.
-    w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
-    pdl_wait(PDL)
     if USE_DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & (k < K)[None, :], other=0.0)
-    acc = _tile(acc, a, w, USE_DOT, IEEE)
-    for k0 in range(BLOCK_K, K, BLOCK_K):  # the rest: a plain loop Triton pipelines (num_stages)
-        kk = k0 + k
-        w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & (kk < K)[None, :], other=0.0)
-        a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & (kk < K)[None, :], other=0.0)
-        acc = _tile(acc, a, w, USE_DOT, IEEE)
+    else:  # BLOCK_M == 1: per-lane partial sums, reduced once at the end
+        part = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + n[:, None] * s_wn + k[None, :], mask=n_ok[:, None] & (k < K)[None, :],
+                    other=0.0)
+        if USE_DOT:
+            a = tl.load(x_ptr + rows[:, None] * s_xm + k[None, :],
+                        mask=row_ok[:, None] & (k < K)[None, :], other=0.0)
+            if IEEE:  # float32 (or the interpreter, whose tl.dot multiplies bfloat16's raw bits)
+                acc += tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+            else:
+                acc += tl.dot(a, tl.trans(w))
+        else:
+            a = tl.load(x_ptr + k, mask=k < K, other=0.0)
+            part += w.to(tl.float32) * a.to(tl.float32)[None, :]
     if not USE_DOT:
-        acc = tl.sum(acc, axis=1)[None, :]
+        acc = tl.sum(part, axis=1)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * s_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
@@ -80,19 +81,22 @@ INTERPRETED = not isinstance(_gemv_kernel, JITFunction)
 
 def _config(m: int, n: int, k: int, device: torch.device) -> dict:
     """Tiles per shape class, the fastest of benchmarks/gpu/gemv_probe.py's sweep on an H200 at
-    the Llama-3.1-8B shapes: long K (down_proj), wide N (gate_up, lm_head), the rest (qkv, o)."""
+    the Llama-3.1-8B shapes: long K (down_proj), wide N (gate_up, lm_head), N > K (qkv), o_proj."""
     if device.type != "cuda":  # the interpreter: small tiles, few programs' worth of work
         return dict(USE_DOT=m > 1, BLOCK_M=1 if m == 1 else 16, BLOCK_N=16, BLOCK_K=32,
                     num_warps=4, num_stages=1)
+    dot = dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=32, num_warps=4)
+    one = dict(USE_DOT=False, BLOCK_M=1)
     if k > 8192:
-        return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=512, num_warps=4, num_stages=4)
-    if m == 1:
-        if n >= 16384:
-            return dict(USE_DOT=False, BLOCK_M=1, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=4)
-        return dict(USE_DOT=False, BLOCK_M=1, BLOCK_N=32, BLOCK_K=256, num_warps=8, num_stages=4)
+        return dict(dot, BLOCK_K=512, num_stages=4)
     if n >= 16384:
-        return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3)
-    return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=4)
+        return (dict(one, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3) if m == 1
+                else dict(dot, BLOCK_K=128, num_stages=3))
+    if n > k:
+        return (dict(one, BLOCK_N=32, BLOCK_K=256, num_warps=8, num_stages=4) if m == 1
+                else dict(dot, BLOCK_K=256, num_stages=4))
+    return (dict(one, BLOCK_N=16, BLOCK_K=512, num_warps=8, num_stages=4) if m == 1
+            else dict(dot, BLOCK_K=256, num_stages=3))
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -107,8 +111,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         cfg = _config(m, n, k, x.device)
         use_pdl = pdl.enabled(x.device)
         _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
-            x, weight, bias if bias is not None else weight, y, m, n, x.stride(0), k, y.stride(0),
-            K=k, HAS_BIAS=bias is not None, PDL=use_pdl,
+            x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), k, y.stride(0),
+            HAS_BIAS=bias is not None, PDL=use_pdl,
             IEEE=INTERPRETED or x.dtype == torch.float32,
             launch_pdl=use_pdl, **cfg)
     return y
