@@ -42,8 +42,11 @@ def _tile(acc, a, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_ym,
                  HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PDL: tl.constexpr, IEEE: tl.constexpr):
+                 PDL: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,
+                 K_INTERPRET: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N),). x: [M, K] rows unit-stride; W: [N, K]; y: [M, N].
+    # K is a runtime argument (as in the probe whose speed the tiles come from); the interpreter
+    # cannot loop to a runtime argument, so there the loop runs to K_INTERPRET (= K).
     pdl_wait(PDL)
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -54,7 +57,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_ym,
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:  # BLOCK_M == 1: per-lane partial sums, reduced once at the end
         part = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(0, K_INTERPRET if INTERPRET else K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + n[:, None] * s_wn + k[None, :], mask=n_ok[:, None] & (k < K)[None, :],
                     other=0.0)
@@ -113,6 +116,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
             x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), k, y.stride(0),
             HAS_BIAS=bias is not None, PDL=use_pdl,
-            IEEE=INTERPRETED or x.dtype == torch.float32,
+            IEEE=INTERPRETED or x.dtype == torch.float32, INTERPRET=INTERPRETED,
+            K_INTERPRET=k if INTERPRETED else 0,
             launch_pdl=use_pdl, **cfg)
     return y
