@@ -136,7 +136,7 @@ compile-baseline)
 throughput)
     step bench throughput, Llama-3.1-8B shape, 1000 x 512 -> 256, vs transformers
     timeout ${T_TP:-560} python3 -m nextok bench throughput --model benchmarks/configs/llama-3.1-8b $DUMMY \
-        --num-prompts 1000 --input-len 512 --output-len 256 --kv-cache-memory-fraction 0.35 \
+        --num-prompts 1000 --input-len 512 --output-len 256 --kv-cache-memory-fraction ${KV_FRAC:-0.35} \
         --max-num-batched-tokens 8192 --max-num-seqs ${MAX_SEQS:-256} \
         --baseline transformers --baseline-batch-sizes ${HF_BATCHES:-128,256} --baseline-prompts 1 \
         --baseline-padded-prompts 256 \
