@@ -3,13 +3,17 @@
 Why not cuBLAS: on an H200 cuBLAS splits two of the four GEMMs of each Llama-3.1-8B layer along
 K at batch 1 and adds a reduce launch for each (64 launches, ~0.1 ms of a 4.6 ms step), and its
 kernels cannot take part in programmatic dependent launch (kernels/triton/pdl.py). This kernel
-reads BLOCK_N rows of W, all of K, once for every row of x, with no split. (Loading weight
-tiles by hand ahead of the PDL wait or of the multiply made it slower on an H200: 1.3x at 8
-rows, 1.4-1.6x at the qkv and o shapes alone; the plain loop is what Triton pipelines well.)
+reads BLOCK_N rows of W, all of K, once for every row of x, with no split. (A first version
+that loaded the next weight tile by hand, into registers, ahead of the PDL wait and of each
+multiply, with one tile size for all shapes, made the captured step slower: 4.80 / 6.25 ms at
+batch 1 / 8 against this plain loop's 4.41 / 4.65; 2026-12-04-pdl-probe-h200-llama-8b-first-gemv.json.)
 
 One row: a multiply and sum on CUDA cores; more rows: tl.dot with the rows padded to 16. Tile
 sizes from benchmarks/gpu/gemv_probe.py on an H200 at the 8B shapes
-(benchmarks/results/2026-12-04-gemv-probe-h200.json): equal to or faster than cuBLAS at each.
+(benchmarks/results/2026-12-04-gemv-probe-h200.json). In the captured 8B decode step
+(2026-12-04-pdl-probe-h200-llama-8b.json, device-only, ms per step at batch 1 / 8):
+cuBLAS 4.67 / 4.79, cuBLAS + PDL 4.59 / 4.90, GEMV 4.41 / 4.65, GEMV + PDL 4.25 / 4.68.
+NEXTOK_TRITON_GEMV=0 sends every step to cuBLAS.
 """
 from __future__ import annotations
 
@@ -109,6 +113,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if m > MAX_ROWS or x.dim() != 2 or x.stride(-1) != 1 or weight.stride() != (k, 1) or x.shape[1] != k:
         raise ValueError(f"gemv takes <= {MAX_ROWS} unit-stride rows of {k} and a contiguous "
                          f"weight, not x {list(x.shape)} and weight {list(weight.shape)}")
+    if x.is_cuda and x.dtype not in (torch.bfloat16, torch.float16):
+        # float32 on the GPU is for checks and goes to cuBLAS (ops.linear); this kernel's
+        # float32 tl.dot was not exact enough at K = 14336 on an H200
+        raise ValueError(f"gemv on CUDA takes bfloat16 or float16, not {x.dtype}")
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m:
         cfg = _config(m, n, k, x.device)
