@@ -54,6 +54,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"],
                    help="launch each step before the host has collected the previous one "
                         "(auto: on for CUDA, off on CPU)")
+    g.add_argument("--speculative", default=None, metavar="METHOD",
+                   help="speculative decoding: ngram (prompt lookup over the request's own tokens)")
+    g.add_argument("--num-speculative-tokens", type=int, default=4,
+                   help="draft tokens proposed per step, at most (1-15)")
+    g.add_argument("--ngram-min", type=int, default=1, help="ngram: shortest suffix looked up")
+    g.add_argument("--ngram-max", type=int, default=4, help="ngram: longest suffix looked up")
+    g.add_argument("--speculative-disable-batch-size", type=int, default=8,
+                   help="propose only while at most this many sequences run")
     g.add_argument("--gguf-blocks-only", dest="gguf_dense_copy", action="store_false",
                    help="CPU: keep GGUF weights only as their blocks (less memory; steps of more "
                         "than 8 rows then dequantize each weight per call)")

@@ -88,6 +88,18 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (nextok/spec/): None, or a proposer's name in spec.METHODS."""
+    method: str | None = None
+    num_speculative_tokens: int = 4  # draft tokens proposed per step, at most
+    ngram_min: int = 1  # ngram: the shortest suffix of the sequence looked up in its history
+    ngram_max: int = 4  # ... and the longest (the longest match wins)
+    # Propose only while at most this many sequences run: beyond it a verify step's extra rows
+    # cost more than the accepted tokens save (the crossover is measured in BENCHMARKS.md).
+    disable_batch_size: int = 8
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model_path: str
     model: ModelConfig
@@ -116,3 +128,4 @@ class EngineConfig:
     # Decoder linears quantized at load (nextok/quant/): None or a name in quant.METHODS.
     quantization: str | None = None
     quant_group_size: int = 128  # int4: weights per (scale, min) group
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)

@@ -62,6 +62,10 @@ class LLMEngine:
                                    mc.sliding_window)
         self.requests: dict[str, _Request] = {}
         self._inflight = None  # (SchedulerOutput, LaunchedStep) launched but not collected yet
+        from nextok.spec import make_proposer
+
+        self.proposer = make_proposer(config.speculative)
+        self.spec_stats = {"steps": 0, "proposed": 0, "accepted": 0}  # verify steps' totals
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
@@ -120,12 +124,13 @@ class LLMEngine:
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
+        # Speculation proposes from every earlier token, so it needs them on the host too.
         overlap = self.config.async_scheduling and not any(
-            s.params.needs_token_history for s in self.scheduler.running)
+            s.params.needs_token_history or self._speculates(s) for s in self.scheduler.running)
         if self._inflight is not None and not overlap:
             outputs += self._finish_step(*self._inflight)
             self._inflight = None
-        sched = self.scheduler.schedule()
+        sched = self.scheduler.schedule(self._drafts())
         launched = None
         if not sched.is_empty:
             started = time.monotonic()
@@ -145,23 +150,59 @@ class LLMEngine:
                 outputs += self._finish_step(*launched)
         return outputs
 
+    # ---- speculative decoding ------------------------------------------------------------
+    def _speculates(self, seq: Sequence) -> bool:
+        """Does this sequence take drafts? Not with per-position sampling state (penalties,
+        min_tokens) or logprobs, which the verify step does not compute (spec/verify.py)."""
+        p = seq.params
+        return (self.proposer is not None and not p.needs_token_history and p.min_tokens == 0
+                and p.logprobs is None)
+
+    def _drafts(self) -> dict[int, list[int]] | None:
+        """seq_id -> proposed tokens for the running sequences that decode next step; none
+        while more than disable_batch_size sequences run (the batch keeps the device busy)."""
+        cfg = self.config.speculative
+        running = self.scheduler.running
+        if self.proposer is None or not running or len(running) > cfg.disable_batch_size:
+            return None
+        drafts = {}
+        for seq in running:
+            if (seq.num_pending == 0 and seq.num_tokens - seq.num_computed_tokens == 1
+                    and self._speculates(seq)):
+                draft = self.proposer.propose(seq.token_ids, cfg.num_speculative_tokens)
+                if draft:
+                    drafts[seq.seq_id] = draft
+        return drafts
+
     def _finish_step(self, sched, launched) -> list[RequestOutput]:
         """Collect a launched step's tokens; detokenize, check stops, build outputs."""
         model_out = self.runner.collect(launched)
         # A sequence that ended (or was aborted) after this step was launched drops its token.
         live = [it.seq for it in sched.scheduled if it.samples and not it.seq.is_finished]
-        self.scheduler.resolve(sched, model_out.sampled)
+        for it in sched.scheduled:
+            if it.draft and it.seq.seq_id in model_out.sampled:
+                self.spec_stats["steps"] += 1
+                self.spec_stats["proposed"] += len(it.draft)
+                self.spec_stats["accepted"] += len(model_out.sampled[it.seq.seq_id]) - 1
+        self.scheduler.resolve(sched, model_out.sampled)  # (cuts a verify step's tokens at a stop)
         now = time.monotonic()
         touched: dict[str, _Request] = {}
         failed: dict[str, str] = {}
         for seq in live:
-            token = model_out.sampled.get(seq.seq_id)
+            tokens = model_out.sampled.get(seq.seq_id)
             req = self.requests.get(seq.request_id)
-            if token is None or req is None or req.request_id in failed:
+            if tokens is None or req is None or req.request_id in failed:
                 continue
             req.metrics.setdefault("first_token", now)
+            tokens = tokens if isinstance(tokens, list) else [tokens]
             try:
-                self._detokenize(req, seq, token, model_out.logprobs.get(seq.seq_id))
+                for i, token in enumerate(tokens):
+                    final = i == len(tokens) - 1
+                    stopped = self._detokenize(req, seq, token, model_out.logprobs.get(seq.seq_id), final)
+                    if stopped and not final:  # a stop string ends a verify step's tokens here
+                        del seq.token_ids[len(seq.token_ids) - (len(tokens) - 1 - i):]
+                        seq.status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, req.detoks[seq.index].stop_reason
+                        break
             except Exception as e:  # one request's bad state must not take the batch down
                 failed[req.request_id] = f"{type(e).__name__}: {e}"
                 continue
@@ -186,19 +227,22 @@ class LLMEngine:
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, [],
                              finished=True, metrics=dict(req.metrics), error=message)
 
-    def _detokenize(self, req: _Request, seq: Sequence, token: int, lp) -> None:
+    def _detokenize(self, req: _Request, seq: Sequence, token: int, lp, final: bool = True) -> bool:
+        """Add one token's text; True if a stop string ended the sequence with it. `final`: the
+        step's last token for this sequence (a verify step yields several)."""
         detok = req.detoks[seq.index]
         if req.logprobs is not None and lp is not None:
             req.logprobs[seq.index].append(Logprob(token, lp.logprob, lp.top))
-        if self._ended_by_stop_token(seq, token):
+        if final and self._ended_by_stop_token(seq, token):
             detok.finish()  # like vLLM: the EOS or stop token that ended it adds no text
-            return
+            return False
         _, stopped = detok.step([token])
         if stopped and not seq.is_finished:
             seq.stop_reason = detok.stop_reason
             self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED)
-        elif seq.is_finished and not stopped:
+        elif final and seq.is_finished and not stopped:
             detok.finish()  # flush text held back for a stop string that never completed
+        return stopped
 
     def _ended_by_stop_token(self, seq: Sequence, token: int) -> bool:
         if seq.status != SequenceStatus.FINISHED_STOPPED or seq.params.include_stop_str_in_output:
@@ -236,4 +280,8 @@ class LLMEngine:
             "prefix_cache_queries": bm.prefix_queries,
             "prefix_cache_hits": bm.prefix_hits,
             "num_preemptions": self.scheduler.num_preemptions,
+            "spec_method": self.config.speculative.method,
+            "spec_verify_steps": self.spec_stats["steps"],
+            "spec_proposed_tokens": self.spec_stats["proposed"],
+            "spec_accepted_tokens": self.spec_stats["accepted"],
         }

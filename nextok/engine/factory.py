@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nextok.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from nextok.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from nextok.errors import NextokError
 
 log = logging.getLogger("nextok")
@@ -49,6 +49,11 @@ class EngineArgs:
     quantization: str | None = None  # None | int8 | int4 (nextok/quant/)
     quant_group_size: int = 128
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | int8 | fp8 (attention/kv_quant.py)
+    speculative: str | None = None  # None | ngram (nextok/spec/)
+    num_speculative_tokens: int = 4
+    ngram_min: int = 1
+    ngram_max: int = 4
+    speculative_disable_batch_size: int = 8
     download: bool = True
 
 
@@ -96,7 +101,8 @@ def create_engine(args: EngineArgs):
         attention_backend=_attention_backend(args.attention_backend, device, args.kv_cache_dtype),
         enforce_eager=args.enforce_eager, cuda_graph_max_batch=args.cuda_graph_max_batch,
         async_scheduling=_async_scheduling(args.async_scheduling, device),
-        quantization=args.quantization, quant_group_size=args.quant_group_size)
+        quantization=args.quantization, quant_group_size=args.quant_group_size,
+        speculative=_speculative_config(args))
     weights = None if ckpt.format == "dummy" else ckpt.weights()
     runner = ModelRunner(config, weights, max_len, ckpt.blocks)
     num_blocks = _num_blocks(config, runner)
@@ -144,7 +150,15 @@ def _attention_backend(name: str, device: str, kv_cache_dtype: str = "auto") -> 
     return "triton"
 
 
+def _speculative_config(args: EngineArgs) -> SpeculativeConfig:
+    return SpeculativeConfig(args.speculative, args.num_speculative_tokens, args.ngram_min,
+                             args.ngram_max, args.speculative_disable_batch_size)
+
+
 def _check_args(args: EngineArgs) -> None:
+    from nextok.spec import check_config
+
+    check_config(_speculative_config(args))  # before any loading
     if args.quantization is not None:
         from nextok.quant import get_quant_method
 

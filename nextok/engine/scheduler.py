@@ -33,12 +33,15 @@ class ScheduledSeq:
     seq: Sequence
     start: int  # first position computed this step (== num_computed_tokens when scheduled)
     num_new_tokens: int  # tokens [start, start + num_new_tokens) are computed this step
+    # Speculative draft tokens, computed after the sequence's last token: the last
+    # len(draft) of the num_new_tokens positions. The verify step keeps those the model agrees with.
+    draft: list[int] = field(default_factory=list)
     # Does this step reach the end of the sequence, so its last logits give a new token? Fixed
     # when scheduled: once `update` appends that token, the sequence no longer ends here.
     samples: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        self.samples = self.start + self.num_new_tokens == self.seq.num_tokens
+        self.samples = self.start + self.num_new_tokens - len(self.draft) == self.seq.num_tokens
 
 
 @dataclass
@@ -94,15 +97,17 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # ---- one step ------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: dict[int, list[int]] | None = None) -> SchedulerOutput:
+        """drafts: seq_id -> proposed tokens (speculative decoding) for running sequences that
+        decode; each is cut to what the budget, the context and max_tokens leave room for."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        budget = self._schedule_running(out, budget)
+        budget = self._schedule_running(out, budget, drafts or {})
         if not out.preempted:
             self._schedule_waiting(out, budget)
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(self, out: SchedulerOutput, budget: int, drafts: dict[int, list[int]]) -> int:
         bm = self.block_manager
         i = 0
         while i < len(self.running) and budget > 0:
@@ -111,6 +116,8 @@ class Scheduler:
                 i += 1  # its PENDING token is its last: nothing more to compute
                 continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            draft = self._fit_draft(seq, drafts.get(seq.seq_id), budget) if n == 1 else []
+            n += len(draft)
             if self.sliding_window is not None:
                 bm.free_outside_window(seq, self.sliding_window)
             while not bm.allocate(seq, n):
@@ -120,11 +127,22 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
-                bm.cache_full_blocks(seq, seq.num_computed_tokens + n)
+                out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n, draft))
+                bm.cache_full_blocks(seq, seq.num_computed_tokens + n - len(draft))
                 budget -= n
                 i += 1
         return budget
+
+    def _fit_draft(self, seq: Sequence, draft: list[int] | None, budget: int) -> list[int]:
+        """The part of a decoding sequence's draft this step can verify: within the token budget,
+        the context window, and max_tokens (the step also yields one token of its own)."""
+        if not draft or seq.num_pending or seq.num_tokens - seq.num_computed_tokens != 1:
+            return []
+        room = min(budget - 1, self.max_seq_len - seq.num_tokens - 1)
+        max_tokens = seq.params.max_tokens
+        if max_tokens is not None:
+            room = min(room, max_tokens - seq.num_output_tokens - 1)
+        return list(draft[:max(0, room)])
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm = self.block_manager
@@ -176,6 +194,9 @@ class Scheduler:
             seq = item.seq
             if seq.is_finished:  # aborted
                 continue
+            if item.draft:  # the drafts' KV counts once verified (resolve); never async
+                seq.num_computed_tokens = item.start + item.num_new_tokens - len(item.draft)
+                continue
             seq.num_computed_tokens = item.start + item.num_new_tokens
             self.block_manager.cache_full_blocks(seq)
             if item.samples:
@@ -190,6 +211,12 @@ class Scheduler:
             seq = item.seq
             if not item.samples or seq.is_finished:  # finished (or aborted) meanwhile
                 continue
+            if item.draft:
+                status = self._resolve_verified(item, sampled)
+                if status is not None:
+                    self.finish(seq, status)
+                    finished.append(seq)
+                continue
             token = sampled[seq.seq_id]
             seq.token_ids[seq.num_resolved_tokens] = token
             seq.num_pending -= 1
@@ -199,6 +226,25 @@ class Scheduler:
                 self.finish(seq, status)
                 finished.append(seq)
         return finished
+
+    def _resolve_verified(self, item: ScheduledSeq, sampled: dict) -> SequenceStatus | None:
+        """A verify step's tokens (sampled[seq_id]: the accepted drafts, then the model's own
+        token) are appended one at a time, as decode steps would have: the first that ends the
+        sequence is its last, and sampled[seq_id] is cut to what was appended. The KV of the
+        accepted drafts is kept; that of the rejected ones is overwritten later."""
+        seq = item.seq
+        tokens = sampled[seq.seq_id]
+        accepted = len(tokens) - 1
+        seq.num_computed_tokens = item.start + 1 + accepted
+        status = None
+        for i, token in enumerate(tokens):
+            seq.token_ids.append(token)
+            status = self._check_stop(seq, token)
+            if status is not None:
+                del tokens[i + 1:]
+                break
+        self.block_manager.cache_full_blocks(seq)
+        return status
 
     def _check_stop(self, seq: Sequence, token: int) -> SequenceStatus | None:
         """Does `token`, the newest resolved one, end `seq`?"""

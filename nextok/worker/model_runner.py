@@ -30,7 +30,8 @@ class SeqLogprobs:
 
 @dataclass
 class ModelOutput:
-    sampled: dict[int, int] = field(default_factory=dict)  # seq_id -> token id
+    # seq_id -> token id; for a verify step (speculative decoding) the list of its tokens
+    sampled: dict[int, int | list[int]] = field(default_factory=dict)
     logprobs: dict[int, SeqLogprobs] = field(default_factory=dict)  # for seqs that asked
 
 
@@ -40,6 +41,7 @@ class LaunchedStep:
     seqs: list  # the sampling sequences, in the row order of the results
     results: dict[str, torch.Tensor]  # sampled [S], logprobs [S], top_ids / top_logprobs [S, K]
     done: object = None  # a CUDA event recorded after the copies to (pinned) host memory
+    verified: dict[int, list[int]] = field(default_factory=dict)  # verify steps' tokens (host)
 
 
 class ModelRunner:
@@ -167,7 +169,7 @@ class ModelRunner:
         sampled token for that sequence, taken on the device."""
         # Single-token queries first (one batched attention call), then multi-token chunks.
         items = sorted(out.scheduled, key=lambda s: s.num_new_tokens != 1)
-        host, prefills, sample_rows, sample_items, pending = self._prepare(items)
+        host, prefills, sample_rows, sample_items, pending, verify = self._prepare(items)
         input_ids = self._input_ids(host["ids"], pending)
         n = len(host["ids"])
         if self.graphs is not None and self.graphs.fits(n, len(host["lens"]), len(prefills)):
@@ -177,8 +179,16 @@ class ModelRunner:
             hidden = self.model(input_ids, positions, self.kv_caches, meta)
         seqs = [it.seq for it in sample_items]
         self._last_sampled, self._last_rows = None, {}
+        verified = {}
+        if verify:  # verify steps: every row of each scores a draft token (synchronous)
+            from nextok.spec.verify import verify_drafts
+
+            rows = [r for _, item_rows in verify for r in item_rows]
+            logits = self.model.compute_logits(hidden.index_select(0, self._to_device(rows)))
+            verified = verify_drafts(logits, verify, [self._generator(it.seq) for it, _ in verify],
+                                     self.sampler)
         if not seqs:
-            return LaunchedStep([], {})
+            return LaunchedStep([], {}, verified=verified)
         if sample_rows != list(range(n)):
             hidden = hidden.index_select(0, self._to_device(sample_rows))
         logits = self.model.compute_logits(hidden)  # [S, V]
@@ -190,21 +200,22 @@ class ModelRunner:
             if res.top_ids is not None:
                 results.update(top_ids=res.top_ids, top_logprobs=res.top_logprobs)
         if self.device.type != "cuda":
-            return LaunchedStep(seqs, results)
+            return LaunchedStep(seqs, results, verified=verified)
         results = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True).copy_(v, non_blocking=True)
                    for k, v in results.items()}
         done = torch.cuda.Event()
         done.record()
-        return LaunchedStep(seqs, results, done)
+        return LaunchedStep(seqs, results, done, verified)
 
     def collect(self, step: LaunchedStep) -> ModelOutput:
         """Wait for a launched step's results and hand them over as Python values."""
         if step.done is not None:
             step.done.synchronize()
         if not step.seqs:
-            return ModelOutput()
+            return ModelOutput(sampled=dict(step.verified))
         res = {k: v.tolist() for k, v in step.results.items()}
         out = ModelOutput(sampled={s.seq_id: t for s, t in zip(step.seqs, res["sampled"])})
+        out.sampled.update(step.verified)
         if "logprobs" in res:
             top_ids, top_lps = res.get("top_ids"), res.get("top_logprobs")
             for i, s in enumerate(step.seqs):
@@ -218,7 +229,8 @@ class ModelRunner:
     def _prepare(self, items: list[ScheduledSeq]):
         """The step's inputs as host tensors (pinned on CUDA, for asynchronous copies):
         ids, pos, slots [T]; decode tables [num_decode, max blocks] (padded with block 0) and
-        lens [num_decode]; plus the prefill chunks and the rows that sample."""
+        lens [num_decode]; plus the prefill chunks, the rows that sample, and each verify
+        step's rows (its last token, then its drafts: a chunk of 1 + len(draft) tokens)."""
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
@@ -227,10 +239,11 @@ class ModelRunner:
         sample_items: list[ScheduledSeq] = []
         decode_tables, decode_lens, prefills = [], [], []
         pending: list[tuple[int, int]] = []  # (row of ids, row of the last sampled tokens)
+        verify: list[tuple[ScheduledSeq, list[int]]] = []
         for it in items:
             seq, start, n = it.seq, it.start, it.num_new_tokens
             q_start = len(ids)
-            ids += seq.token_ids[start:start + n]
+            ids += seq.token_ids[start:start + n - len(it.draft)] + it.draft
             if ids[-1] == PENDING:  # only a sequence's newest token can be PENDING
                 pending.append((len(ids) - 1, self._last_rows[seq.seq_id]))
             pos += range(start, start + n)
@@ -242,7 +255,9 @@ class ModelRunner:
             else:
                 nb = -(-(start + n) // bs)
                 prefills.append(PrefillChunk(q_start, n, start + n, self._host(table[:nb])))
-            if it.samples:
+            if it.draft:
+                verify.append((it, list(range(q_start, len(ids)))))
+            elif it.samples:
                 sample_rows.append(len(ids) - 1)
                 sample_items.append(it)
         max_blocks = max((-(-n // bs) for n in decode_lens), default=0)
@@ -250,7 +265,7 @@ class ModelRunner:
         host = {"ids": self._host(ids), "pos": self._host(pos), "slots": self._host(slots),
                 "tables": self._host(padded).view(len(padded), max_blocks),
                 "lens": self._host(decode_lens)}
-        return host, prefills, sample_rows, sample_items, pending
+        return host, prefills, sample_rows, sample_items, pending, verify
 
     def _host(self, values: list) -> torch.Tensor:
         t = torch.tensor(values, dtype=torch.long)
