@@ -45,7 +45,17 @@ class ServerMetrics:
                                     lbl, buckets=_E2E, registry=r)
         self.http_requests = Counter("nextok:http_requests", "HTTP requests by route and status.",
                                      ["route", "status"], registry=r)
-        self._prev = {"prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0}
+        # Speculative decoding (per method): drafts proposed and verified, drafts accepted, verify
+        # steps; mean accepted length = accepted / steps (+1 for the step's own token).
+        spec = lbl + ["method"]
+        self.spec_proposed = Counter("nextok:spec_decode_num_draft_tokens", "Draft tokens verified.",
+                                     spec, registry=r)
+        self.spec_accepted = Counter("nextok:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                                     spec, registry=r)
+        self.spec_steps = Counter("nextok:spec_decode_num_verify_steps", "Verify steps (one per "
+                                  "speculating sequence and step).", spec, registry=r)
+        self._prev = {"prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0,
+                      "spec_proposed_tokens": 0, "spec_accepted_tokens": 0, "spec_verify_steps": 0}
         self._last_token: dict[str, tuple[float, int]] = {}  # request id -> (time, tokens so far)
 
     def _l(self, metric, **extra):
@@ -63,6 +73,14 @@ class ServerMetrics:
             if delta > 0:
                 self._l(counter).inc(delta)
             self._prev[key] = stats[key]
+        if stats.get("spec_method"):
+            for key, counter in (("spec_proposed_tokens", self.spec_proposed),
+                                 ("spec_accepted_tokens", self.spec_accepted),
+                                 ("spec_verify_steps", self.spec_steps)):
+                delta = stats[key] - self._prev[key]
+                if delta > 0:
+                    self._l(counter, method=stats["spec_method"]).inc(delta)
+                self._prev[key] = stats[key]
         now = time.monotonic()
         for out in outputs:
             self._observe_request(out, now)
