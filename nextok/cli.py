@@ -160,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     from nextok.bench import kernels
 
     kernels.add_parser(bench_sub)
+    from nextok.bench import spec
+
+    spec.add_parser(bench_sub, add_engine_args)
     from nextok.server import serve
 
     serve.add_parser(sub, add_engine_args)

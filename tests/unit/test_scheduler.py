@@ -116,7 +116,8 @@ def check_output(sched: Scheduler, out: SchedulerOutput) -> None:
         seq = it.seq
         assert seq in sched.running and seq.status == SequenceStatus.RUNNING
         assert it.start == seq.num_computed_tokens
-        assert 1 <= it.num_new_tokens and it.start + it.num_new_tokens <= seq.num_tokens
+        # (speculative drafts are computed past the sequence's last token)
+        assert 1 <= it.num_new_tokens and it.start + it.num_new_tokens - len(it.draft) <= seq.num_tokens
         assert len(seq.block_table) * bm.block_size >= it.start + it.num_new_tokens
     # (Async scheduling also skips a sequence whose PENDING token surely ends it.)
     unscheduled = [s for s in sched.running if s.seq_id not in ids
