@@ -78,3 +78,17 @@ def test_bad_speculative_options_fail_before_loading(make_llm):
                     ({"speculative": "ngram", "ngram_min": 3, "ngram_max": 2}, "ngram-min")):
         with pytest.raises(NextokError, match=msg):
             make_llm(**kw)
+
+
+def test_seeded_sampling_with_speculation_repeats(make_llm):
+    """Per-request seeds still reproduce a sample: alone or batched (drafts depend only on the
+    request's own tokens here: the budget and the batch-size cut-off are not reached)."""
+    spec = _spec(make_llm)
+    prompts = PROMPTS[:4]
+    params = [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=40, seed=100 + i)
+              for i in range(4)]
+    batched = _tokens(spec.generate(prompts, params))
+    alone = [_tokens(spec.generate([p], sp))[0] for p, sp in zip(prompts, params)]
+    assert batched == alone == _tokens(spec.generate(prompts, params))
+    assert spec.engine.spec_stats["steps"] > 0
+    _assert_no_leak(spec)
