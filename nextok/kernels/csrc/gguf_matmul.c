@@ -265,6 +265,46 @@ static inline __attribute__((always_inline)) void row_q8(
     }
     for (int i = 0; i < M; i++) y[(size_t)(r0 + i) * n + row] = hsum256(acc[i]) + macc[i];
 }
+
+/* One row of x against weight rows 2 at a time (p0, p1: their first blocks): the x block and its
+ * scales are loaded once for both, and the two accumulator chains overlap. Measured (2-core Xeon,
+ * 2026-12-04, all the default model's matrices at 1 row): 5.3-5.6 -> 4.4-4.6 ms; 88 MB of Q4_1
+ * at K = 576: 2.14 -> 1.79-1.93 ms, 50 MB of Q8_0: 1.31 -> 1.04 ms. */
+static inline void two_rows_q8(const int8_t *xq, const float *xd, const float *xs, int k,
+                               const uint8_t *p0, const uint8_t *p1, int type, int block_bytes,
+                               float *y0, float *y1) {
+    const int nb = k / 32;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float m0 = 0.0f, m1 = 0.0f;
+    const __m256i mask = _mm256_set1_epi8(0x0f);
+    for (int b = 0; b < nb; b++, p0 += block_bytes, p1 += block_bytes) {
+        PREFETCH_Q8(p0 + (size_t)PREFETCH_BLOCKS_Q8 * block_bytes);
+        PREFETCH_Q8(p1 + (size_t)PREFETCH_BLOCKS_Q8 * block_bytes);
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + b * 32));
+        const float dx = xd[b];
+        __m256i d0, d1;
+        if (type == Q4_1) {
+            const __m128i q0 = _mm_loadu_si128((const __m128i *)(p0 + 4));
+            const __m128i q1 = _mm_loadu_si128((const __m128i *)(p1 + 4));
+            d0 = dot_u8s8(_mm256_and_si256(_mm256_inserti128_si256(
+                     _mm256_castsi128_si256(q0), _mm_srli_epi16(q0, 4), 1), mask), xv);
+            d1 = dot_u8s8(_mm256_and_si256(_mm256_inserti128_si256(
+                     _mm256_castsi128_si256(q1), _mm_srli_epi16(q1, 4), 1), mask), xv);
+            m0 += half_to_float(p0 + 2) * xs[b];
+            m1 += half_to_float(p1 + 2) * xs[b];
+        } else {
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(p0 + 2));
+            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(p1 + 2));
+            d0 = dot_u8s8(_mm256_abs_epi8(w0), _mm256_sign_epi8(xv, w0));
+            d1 = dot_u8s8(_mm256_abs_epi8(w1), _mm256_sign_epi8(xv, w1));
+        }
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps(half_to_float(p0) * dx), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_set1_ps(half_to_float(p1) * dx), acc1);
+    }
+    *y0 = hsum256(acc0) + m0;
+    *y1 = hsum256(acc1) + m1;
+}
+#define HAVE_TWO_ROWS 1
 #else
 /* Portable: the same sums, integer dot then one float scale per block. */
 static inline __attribute__((always_inline)) void row_q8(
@@ -369,6 +409,15 @@ static void rows_q8(const int8_t *xq, const float *xd, const float *xs, const fl
                     const float *xs16, int m_rows, int k, const uint8_t *w, int type,
                     int block_bytes, int n, float *y, int lo, int hi) {
     const int nb = k / 32;
+#ifdef HAVE_TWO_ROWS
+    if (m_rows == 1) {
+        for (; lo + 1 < hi; lo += 2) {
+            const uint8_t *p0 = w + (size_t)lo * nb * block_bytes;
+            two_rows_q8(xq, xd, xs, k, p0, p0 + (size_t)nb * block_bytes, type, block_bytes,
+                        y + lo, y + lo + 1);
+        }
+    }
+#endif
     for (int row = lo; row < hi; row++) {
         const uint8_t *blocks = w + (size_t)row * nb * block_bytes;
         for (int r0 = 0; r0 < m_rows; r0 += MAX_ROWS) {
