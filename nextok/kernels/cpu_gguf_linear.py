@@ -26,15 +26,16 @@ MAX_ROWS = 8  # rows of x per float32-kernel call (the accumulators stay in regi
 # Steps of up to this many rows read the blocks through the int8 kernel; bigger ones take the
 # float32 dense copy (BlockOrDenseLinear) or dequantize + oneDNN (BlockLinear, --gguf-blocks-only).
 # All the default model's 211 matrices once, 2-core AVX-512 Xeon, 2 threads, ms
-# (benchmarks/results/2026-12-04-gguf-matmul-cpu-int8.txt):
+# (benchmarks/results/2026-12-04-gguf-matmul-cpu-int8-r2.txt):
 #   rows                 1     2     4     8    12    16    24    32    48
-#   blocks int8         7.2  10.0  12.1  18.4  28.6  34.4  48.6  71.4 107.3
-#   blocks float32     16.9  18.9  22.7  28.5  (8 rows per call)
-#   oneDNN float32     26.7  27.8  28.2  33.9  36.5  40.7  47.3  56.3  72.2   (the dense copy)
-#   dequant + oneDNN   30.6  31.9  42.4  51.9  59.1  57.0  63.8  71.5  82.7   (blocks only)
-#   oneDNN bfloat16    16.4  16.9  17.0  17.3  17.2  17.2  19.0  19.8  20.4   (AMX; --dtype bfloat16)
+#   blocks int8         6.6   7.6   9.6  17.2  25.5  32.1  48.4  67.3  99.6
+#   blocks float32     17.5  18.1  21.8  28.4  (8 rows per call)
+#   oneDNN float32     27.9  29.3  30.3  35.4  39.4  43.4  50.6  58.7  75.9   (the dense copy)
+#   dequant + oneDNN   31.7  31.2  40.5  49.8  59.4  57.2  67.1  72.5  84.9   (blocks only)
+#   oneDNN bfloat16    17.5  17.6  17.6  17.6  18.3  19.1  21.1  20.9  21.4   (AMX; --dtype bfloat16)
+# (24 rows against the dense copy is a tie: 48.4 vs 50.6 here, 48.6 vs 47.3 in an earlier run.)
 INT8_DENSE_MAX_ROWS = 16
-INT8_BLOCKS_MAX_ROWS = 24
+INT8_BLOCKS_MAX_ROWS = 32
 ACTIVATIONS = ("int8", "float32")  # --gguf-activations
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
              ctypes.c_void_p, ctypes.c_int]

@@ -69,7 +69,7 @@ def test_blocks_only_drops_the_float32_copy_and_keeps_the_outputs(make_llm, acti
     assert not any(isinstance(m, BlockOrDenseLinear) for m in model.modules())
     # What stays float32 is the embedding (for lookups) and the norms: ~94 MB of blocks besides.
     assert weight_bytes(model, decode=False) < 0.45 * weight_bytes(blocks.engine.runner.model, decode=False)
-    # 6 sequences: decode steps read the blocks; the prefill (> 24 rows) dequantizes them per call.
+    # 6 sequences: decode steps read the blocks; the prefill (> 32 rows) dequantizes them per call.
     a = generate(only, PROMPTS[:6], batch=6, max_tokens=24, ignore_eos=True)
     b = generate(blocks, PROMPTS[:6], batch=6, max_tokens=24, ignore_eos=True, logprobs=5)
     if activations == "float32":
