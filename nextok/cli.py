@@ -56,7 +56,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "(auto: on for CUDA, off on CPU)")
     g.add_argument("--gguf-blocks-only", dest="gguf_dense_copy", action="store_false",
                    help="CPU: keep GGUF weights only as their blocks (less memory; steps of more "
-                        "than 8 rows then dequantize each weight per call)")
+                        "than 32 rows, 8 with --gguf-activations float32, then dequantize each "
+                        "weight per call)")
     g.add_argument("--no-gguf-blocks", dest="gguf_blocks", action="store_false",
                    help="CPU: keep GGUF weights only dequantized to float32 (default: decode steps "
                         "read Q4_1/Q8_0 weights as their blocks)")
