@@ -1,35 +1,52 @@
 """Every weight matrix of the default model once, as a decode step reads them: the GGUF block kernel
-(csrc/gguf_matmul.c, weights kept as Q4_1/Q8_0 blocks) against oneDNN on float32 weights.
+(csrc/gguf_matmul.c, weights kept as Q4_1/Q8_0 blocks) with int8 and with float32 activations,
+dequantized per call into a float32 scratch for oneDNN (--gguf-blocks-only past its row limit), and
+oneDNN on float32 and bfloat16 weights (the dense copy; what --dtype bfloat16 runs). Passes of the modes
+alternate, so a noisy neighbour hits them alike; /proc/loadavg is printed before and after.
 
-    .venv/bin/python benchmarks/gguf_matmul_bench.py > benchmarks/results/DATE-gguf-matmul-cpu.txt
+    PYTHONPATH=. .venv/bin/python benchmarks/gguf_matmul_bench.py [ROWS ...] > benchmarks/results/DATE-gguf-matmul-cpu.txt
 """
-import math, time, numpy as np, torch
+import sys, time, numpy as np, torch
 from nextok import hub
 from nextok.model.gguf import GGUFFile
 from nextok.model.gguf_format import dequantize
-from nextok.kernels.cpu_gguf_linear import GGUFBlockLinear
+from nextok.kernels.cpu_gguf_linear import BlockLinear, GGUFBlockLinear
 from nextok.kernels.cpu_linear import PackedLinear
+from nextok.bench import common
+
 torch.set_num_threads(2)
+rows_list = [int(a) for a in sys.argv[1:]] or [1, 2, 4, 8, 12, 16, 24, 32, 48]
 path = hub.resolve_model(None); g = GGUFFile(path)
-layers = []
+modes = {"blocks int8": [], "blocks fp32": [], "dequant+fp32": [], "oneDNN fp32": [], "oneDNN bf16": []}
 with open(path, "rb") as f:
     for name, info in g.tensor_infos.items():
         if info.type_id not in (3, 8): continue
         f.seek(info.offset); raw = np.frombuffer(f.read(info.nbytes), dtype=np.uint8)
         n, k = info.shape
         w = dequantize(raw.copy(), info.type_id, n * k).view(n, k)
-        layers.append((GGUFBlockLinear(raw, info.type_id, n, k), PackedLinear(w, None), k))
-from nextok.bench import common
+        modes["blocks int8"].append((GGUFBlockLinear(raw, info.type_id, n, k, activations="int8"), k))
+        modes["blocks fp32"].append((GGUFBlockLinear(raw, info.type_id, n, k, activations="float32"), k))
+        # what --gguf-blocks-only runs past its row limit: dequantize into a scratch, oneDNN GEMM
+        modes["dequant+fp32"].append((BlockLinear(modes["blocks fp32"][-1][0], max_rows=0), k))
+        modes["oneDNN fp32"].append((PackedLinear(w, None), k))
+        modes["oneDNN bf16"].append((PackedLinear(w.bfloat16(), None), k))
 h = common.header()
 print(common.machine_line(h['machine']), '| commit', h['commit'], '| benchmarks/gguf_matmul_bench.py')
-print(len(layers), 'matrices (Q4_1 and the Q8_0 tied embedding / lm_head); median of 5 passes; 2 threads')
-for rows in (1, 4, 8):
-    xs = {k: torch.randn(rows, k) for _, _, k in layers}
-    for label, idx in (("gguf blocks", 0), ("oneDNN fp32", 1)):
-        ts = []
-        for rep in range(5):
+print(len(modes["blocks int8"]), 'matrices (Q4_1 and the Q8_0 tied embedding / lm_head); median of 7 passes; 2 threads')
+print('loadavg before:', open('/proc/loadavg').read().strip())
+for rows in rows_list:
+    xs = {k: torch.randn(rows, k) for _, k in modes["blocks int8"]}
+    times = {m: [] for m in modes}
+    for rep in range(7):
+        for label, layers in modes.items():
+            if label == "blocks fp32" and rows > 8: continue  # 8 rows per call: rows / 8 weight reads
+            dt = torch.bfloat16 if "bf16" in label else torch.float32
+            xd = {k: v.to(dt) for k, v in xs.items()}
             t = time.perf_counter()
-            for l in layers:
-                l[idx](xs[l[2]])
-            ts.append(time.perf_counter() - t)
-        print(f"rows {rows}: {label:<12} all matrices once: {sorted(ts)[2]*1000:.1f} ms")
+            for layer, k in layers:
+                layer(xd[k])
+            times[label].append(time.perf_counter() - t)
+    for label, ts in times.items():
+        if ts:
+            print(f"rows {rows:>2}: {label:<12} all matrices once: {sorted(ts)[len(ts) // 2]*1000:.1f} ms")
+print('loadavg after:', open('/proc/loadavg').read().strip())

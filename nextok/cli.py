@@ -64,10 +64,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="propose only while at most this many sequences run")
     g.add_argument("--gguf-blocks-only", dest="gguf_dense_copy", action="store_false",
                    help="CPU: keep GGUF weights only as their blocks (less memory; steps of more "
-                        "than 8 rows then dequantize each weight per call)")
+                        "than 32 rows, 8 with --gguf-activations float32, then dequantize each "
+                        "weight per call)")
     g.add_argument("--no-gguf-blocks", dest="gguf_blocks", action="store_false",
                    help="CPU: keep GGUF weights only dequantized to float32 (default: decode steps "
                         "read Q4_1/Q8_0 weights as their blocks)")
+    g.add_argument("--gguf-activations", default="int8", choices=["int8", "float32"],
+                   help="CPU: the GGUF block kernel's activations: int8 (quantized per 32 values, "
+                        "integer dot products, as llama.cpp; fastest) or float32 (exactly the "
+                        "dequantized weights' products)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -42,6 +42,7 @@ class EngineArgs:
     cpu_kernels: bool = True
     gguf_blocks: bool = True
     gguf_dense_copy: bool = True
+    gguf_activations: str = "int8"  # int8 | float32 (kernels/cpu_gguf_linear.py)
     attention_backend: str = "auto"
     enforce_eager: bool = False
     cuda_graph_max_batch: int = 256
@@ -97,7 +98,7 @@ def create_engine(args: EngineArgs):
         scheduler=SchedulerConfig(args.max_num_seqs, batched, args.enable_chunked_prefill, max_len),
         device=device, dtype=dtype, load_format=ckpt.format, seed=args.seed,
         num_threads=args.num_threads, cpu_kernels=args.cpu_kernels, gguf_blocks=args.gguf_blocks,
-        gguf_dense_copy=args.gguf_dense_copy,
+        gguf_dense_copy=args.gguf_dense_copy, gguf_activations=args.gguf_activations,
         attention_backend=_attention_backend(args.attention_backend, device, args.kv_cache_dtype),
         enforce_eager=args.enforce_eager, cuda_graph_max_batch=args.cuda_graph_max_batch,
         async_scheduling=_async_scheduling(args.async_scheduling, device),
@@ -173,6 +174,8 @@ def _check_args(args: EngineArgs) -> None:
         raise NextokError("--cuda-graph-max-batch must be >= 0 (0: no CUDA graphs)")
     if not (0.0 < args.kv_cache_memory_fraction <= 0.95):
         raise NextokError("--kv-cache-memory-fraction must be in (0, 0.95]")
+    if args.gguf_activations not in ("int8", "float32"):
+        raise NextokError(f"--gguf-activations must be int8 or float32, got {args.gguf_activations!r}")
     if args.kv_cache_dtype not in ("auto", "int8", "fp8"):
         raise NextokError(f"--kv-cache-dtype must be auto, int8 or fp8, got {args.kv_cache_dtype!r}")
 

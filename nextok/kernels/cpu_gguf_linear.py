@@ -1,11 +1,15 @@
 """CPU linear layers on weights kept in their GGUF blocks (Q4_1, Q8_0), through csrc/gguf_matmul.c.
 
 Groundwork for packed GGUF inference (issue 7): a decode step at small batch streams every weight
-once, and float32 weights are 6x (Q4_1) or 3.8x (Q8_0) the bytes of the blocks. The kernel
-dequantizes each block in registers, exactly as the loader does (the same float32 weights, bit for
-bit), and multiplies it into up to 8 rows of activations at a time. `BlockOrDenseLinear` puts it
-in the model: blocks for decode-sized steps (weight-read bound), the float32 layer for prefill
-(compute bound, where oneDNN's packed GEMM is faster than dequantizing every block per row group).
+once, and float32 weights are 6x (Q4_1) or 3.8x (Q8_0) the bytes of the blocks. Two kernels:
+  int8 (default, --gguf-activations int8): each row of x is quantized per 32 values to int8 with a
+    float scale, as llama.cpp does, and each block's dot product is an integer one (VNNI); 2x
+    faster at one row, relative error ~1e-3 per layer output.
+  float32: each block is dequantized in registers exactly as the loader does (the same float32
+    weights, bit for bit) and multiplied into up to 8 rows of float32 activations at a time.
+`BlockOrDenseLinear` puts them in the model: blocks for decode-sized steps (weight-read bound), the
+float32 layer for prefill (compute bound, where oneDNN's packed GEMM is faster than dequantizing
+every block per row group).
 """
 from __future__ import annotations
 
@@ -18,35 +22,53 @@ from torch import nn
 from nextok.kernels import cpu_build
 
 BLOCK_BYTES = {3: 20, 8: 34}  # ggml type id -> bytes per 32-weight block (Q4_1, Q8_0)
-MAX_ROWS = 8  # rows of x per kernel call (the accumulators stay in registers)
-_fn = None
+MAX_ROWS = 8  # rows of x per float32-kernel call (the accumulators stay in registers)
+# Steps of up to this many rows read the blocks through the int8 kernel; bigger ones take the
+# float32 dense copy (BlockOrDenseLinear) or dequantize + oneDNN (BlockLinear, --gguf-blocks-only).
+# All the default model's 211 matrices once, 2-core AVX-512 Xeon, 2 threads, ms
+# (benchmarks/results/2026-12-04-gguf-matmul-cpu-int8-r2.txt):
+#   rows                 1     2     4     8    12    16    24    32    48
+#   blocks int8         6.6   7.6   9.6  17.2  25.5  32.1  48.4  67.3  99.6
+#   blocks float32     17.5  18.1  21.8  28.4  (8 rows per call)
+#   oneDNN float32     27.9  29.3  30.3  35.4  39.4  43.4  50.6  58.7  75.9   (the dense copy)
+#   dequant + oneDNN   31.7  31.2  40.5  49.8  59.4  57.2  67.1  72.5  84.9   (blocks only)
+#   oneDNN bfloat16    17.5  17.6  17.6  17.6  18.3  19.1  21.1  20.9  21.4   (AMX; --dtype bfloat16)
+# (24 rows against the dense copy is a tie: 48.4 vs 50.6 here, 48.6 vs 47.3 in an earlier run.)
+INT8_DENSE_MAX_ROWS = 16
+INT8_BLOCKS_MAX_ROWS = 32
+ACTIVATIONS = ("int8", "float32")  # --gguf-activations
+_ARGTYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+             ctypes.c_void_p, ctypes.c_int]
+_fns: dict[str, object] = {}
 _dequant = None
 
 
-def load_gguf_matmul():
-    """The kernel's entry point, or None where it cannot be built."""
-    global _fn, _dequant
-    if _fn is None:
+def load_gguf_matmul(activations: str = "float32"):
+    """The kernel's entry point for float32 or int8 activations, or None where it cannot be built."""
+    global _dequant
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"GGUF block activations must be one of {', '.join(ACTIVATIONS)}, not {activations!r}")
+    if not _fns:
         lib = cpu_build.load("gguf_matmul")
         if lib is None:
             return None
-        fn = lib.gguf_matmul_f32
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-                       ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+        for mode, name in (("float32", "gguf_matmul_f32"), ("int8", "gguf_matmul_q8")):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = ctypes.c_int, _ARGTYPES
+            _fns[mode] = fn
         deq = lib.gguf_dequant_f32
         deq.restype = ctypes.c_int
         deq.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                         ctypes.c_int]
-        _fn, _dequant = fn, deq
-    return _fn
+        _dequant = deq
+    return _fns[activations]
 
 
 class GGUFBlockLinear:
     """y = x @ W.T + b, W [out, in] held as its GGUF blocks: blocks [out, in / 32 * bytes] uint8."""
 
     def __init__(self, blocks: np.ndarray | torch.Tensor, type_id: int, out_features: int,
-                 in_features: int, bias: torch.Tensor | None = None):
+                 in_features: int, bias: torch.Tensor | None = None, activations: str = "int8"):
         if type_id not in BLOCK_BYTES:
             raise ValueError(f"ggml type {type_id} has no block kernel (Q4_1 = 3, Q8_0 = 8)")
         if in_features % 32:
@@ -57,24 +79,36 @@ class GGUFBlockLinear:
         if raw.numel() != want:
             raise ValueError(f"{raw.numel()} bytes of blocks, {want} expected for [{out_features}, {in_features}]")
         self.blocks = raw.reshape(out_features, -1).contiguous()
+        self._blocks_ptr = self.blocks.data_ptr()  # self.blocks is never replaced
         self.type_id, self.out_features, self.in_features = type_id, out_features, in_features
         self.bias = bias
-        self.fn = load_gguf_matmul()
+        self.fn = load_gguf_matmul(activations)
         if self.fn is None:
             raise RuntimeError("the gguf_matmul kernel could not be built (no C compiler?)")
+        # int8: any number of rows per call (x quantized once per call, each weight read once);
+        # float32: at most MAX_ROWS per call. *_max_rows: the steps the blocks should serve, with
+        # a float32 dense copy beside them or as the only weights.
+        int8 = activations == "int8"
+        self.activations = activations
+        self.rows_per_call = 1 << 30 if int8 else MAX_ROWS
+        self.dense_max_rows = INT8_DENSE_MAX_ROWS if int8 else MAX_ROWS
+        self.blocks_max_rows = INT8_BLOCKS_MAX_ROWS if int8 else MAX_ROWS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, in] float32 -> [T, out] float32, 8 rows per kernel call."""
-        x = x.contiguous()
+        """x: [T, in] float32 -> [T, out] float32 (float32 activations: 8 rows per kernel call).
+        Row pointers by arithmetic, not x[start] views: at one row this wrapper's own cost is
+        ~200 calls x a few us per decode step, next to a ~7 ms kernel total."""
         if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"x must be float32 [T, {self.in_features}], not {x.dtype} {list(x.shape)}")
-        y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
-        for start in range(0, x.shape[0], MAX_ROWS):
-            rows = min(MAX_ROWS, x.shape[0] - start)
-            rc = self.fn(x[start].data_ptr(), rows, self.in_features, self.blocks.data_ptr(), self.type_id,
-                         self.out_features, y[start].data_ptr(), torch.get_num_threads())
+        x = x.contiguous()
+        t, k, n, step = x.shape[0], self.in_features, self.out_features, self.rows_per_call
+        y = torch.empty(t, n, dtype=torch.float32)
+        xp, yp, threads = x.data_ptr(), y.data_ptr(), torch.get_num_threads()
+        for start in range(0, t, step):
+            rc = self.fn(xp + 4 * start * k, min(step, t - start), k, self._blocks_ptr, self.type_id, n,
+                         yp + 4 * start * n, threads)
             if rc != 0:
-                raise RuntimeError("gguf_matmul_f32 refused its arguments")
+                raise RuntimeError(f"the gguf_matmul kernel ({self.activations}) refused its arguments ({rc})")
         return y if self.bias is None else y + self.bias
 
     def dequantize(self, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -96,9 +130,10 @@ class BlockLinear(nn.Module):
 
     _scratch = torch.empty(0)  # float32, grown to the largest weight seen; one for all layers
 
-    def __init__(self, blocks: GGUFBlockLinear, max_rows: int = MAX_ROWS):
+    def __init__(self, blocks: GGUFBlockLinear, max_rows: int | None = None):
         super().__init__()
-        self.blocks, self.max_rows = blocks, max_rows
+        self.blocks = blocks
+        self.max_rows = blocks.blocks_max_rows if max_rows is None else max_rows
         self.in_features, self.out_features = blocks.in_features, blocks.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -113,23 +148,25 @@ class BlockLinear(nn.Module):
         return nn.functional.linear(x.contiguous(), w, self.blocks.bias)
 
     def extra_repr(self) -> str:
-        return f"type={self.blocks.type_id}, in={self.in_features}, out={self.out_features}"
+        return (f"type={self.blocks.type_id}, in={self.in_features}, out={self.out_features}, "
+                f"{self.blocks.activations} up to {self.max_rows} rows")
 
 
 class BlockOrDenseLinear(nn.Module):
     """One linear layer held twice: as GGUF blocks for steps of at most `max_rows` rows, and as its
     float32 layer (`dense`, e.g. a PackedLinear) for bigger ones. x: [T, in] -> [T, out].
 
-    Measured over all the default model's matrices (2-core AVX2, ms): blocks 18 / 26 / 36 at
-    1 / 4 / 8 rows, oneDNN float32 57 / 68 / 71; beyond 8 rows the blocks would be dequantized
-    again for every 8, so the dense layer takes over."""
+    float32 activations, measured over all the default model's matrices (2-core AVX2, ms): blocks
+    18 / 26 / 36 at 1 / 4 / 8 rows, oneDNN float32 57 / 68 / 71; beyond 8 rows the blocks would be
+    dequantized again for every 8, so the dense layer takes over. int8: INT8_DENSE_MAX_ROWS."""
 
-    def __init__(self, dense: nn.Module, blocks: GGUFBlockLinear, max_rows: int = MAX_ROWS):
+    def __init__(self, dense: nn.Module, blocks: GGUFBlockLinear, max_rows: int | None = None):
         super().__init__()
         if (blocks.out_features, blocks.in_features) != (dense.out_features, dense.in_features):
             raise ValueError(f"blocks [{blocks.out_features}, {blocks.in_features}] do not match the "
                              f"layer [{dense.out_features}, {dense.in_features}]")
-        self.dense, self.blocks, self.max_rows = dense, blocks, max_rows
+        self.dense, self.blocks = dense, blocks
+        self.max_rows = blocks.dense_max_rows if max_rows is None else max_rows
         self.in_features, self.out_features = dense.in_features, dense.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -138,4 +175,4 @@ class BlockOrDenseLinear(nn.Module):
         return self.dense(x)
 
     def extra_repr(self) -> str:
-        return f"type={self.blocks.type_id}, blocks up to {self.max_rows} rows"
+        return f"type={self.blocks.type_id}, {self.blocks.activations} blocks up to {self.max_rows} rows"

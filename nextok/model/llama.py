@@ -138,11 +138,12 @@ class LlamaForCausalLM(nn.Module):
                 module.store_kv_in_rope = hasattr(ops, "rope_neox_store_kv")
 
     def use_gguf_blocks(self, blocks: Iterable[tuple[str, int, torch.Tensor]],
-                        keep_dense: bool = True) -> int:
+                        keep_dense: bool = True, activations: str = "int8") -> int:
         """After pack_for_cpu, on float32: every linear whose weights (all shards of a fused one)
         come as GGUF blocks of one type also keeps them, and reads them for decode-sized steps;
         keep_dense=False drops its float32 weights (bigger steps then dequantize the blocks).
-        blocks: (HF name, ggml type, raw [rows, row bytes]). Returns how many layers took them."""
+        blocks: (HF name, ggml type, raw [rows, row bytes]); activations: the block kernel's,
+        int8 or float32 (kernels/cpu_gguf_linear.py). Returns how many layers took them."""
         from nextok.kernels.cpu_gguf_linear import BlockLinear, BlockOrDenseLinear, GGUFBlockLinear
 
         shards: dict[str, dict[int, tuple[int, torch.Tensor]]] = {}
@@ -167,7 +168,7 @@ class LlamaForCausalLM(nn.Module):
             raw = torch.cat([parts[i][1] for i in range(want)])  # shards stacked in output rows
             bias = getattr(dense, "bias", None)
             layer = GGUFBlockLinear(raw, types.pop(), dense.out_features, dense.in_features,
-                                    bias=None if bias is None else bias.detach())
+                                    bias=None if bias is None else bias.detach(), activations=activations)
             parent_name, _, attr = module_name.rpartition(".")
             parent = self.get_submodule(parent_name) if parent_name else self
             setattr(parent, attr, BlockOrDenseLinear(dense, layer) if keep_dense else BlockLinear(layer))

@@ -115,5 +115,7 @@ class Int4RoundToNearest(QuantMethod):
             from nextok.kernels.cpu_gguf_linear import BlockLinear, GGUFBlockLinear, load_gguf_matmul
 
             if load_gguf_matmul() is not None:
-                return BlockLinear(GGUFBlockLinear(q4_1_blocks(q, d, m), Q4_1, out, k, bias=bias))
+                # weight-only: the activations stay float32
+                return BlockLinear(GGUFBlockLinear(q4_1_blocks(q, d, m), Q4_1, out, k, bias=bias,
+                                                   activations="float32"))
         return Int4Linear(q.to(weight.device), d.to(weight.device), m.to(weight.device), bias)

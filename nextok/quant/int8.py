@@ -77,5 +77,7 @@ class Int8WeightOnly(QuantMethod):
             from nextok.kernels.cpu_gguf_linear import BlockLinear, GGUFBlockLinear, load_gguf_matmul
 
             if load_gguf_matmul() is not None:
-                return BlockLinear(GGUFBlockLinear(q8_0_blocks(q, scale), Q8_0, out, k, bias=bias))
+                # weight-only: the activations stay float32
+                return BlockLinear(GGUFBlockLinear(q8_0_blocks(q, scale), Q8_0, out, k, bias=bias,
+                                                   activations="float32"))
         return Int8Linear(q.to(weight.device), scale.to(weight.device), bias)

@@ -78,7 +78,8 @@ class ModelRunner:
             if blocks is not None and weights is not None and self._gguf_blocks_apply():
                 from nextok.kernels.cpu_gguf_linear import BLOCK_BYTES
 
-                model.use_gguf_blocks(blocks(tuple(BLOCK_BYTES)), keep_dense=config.gguf_dense_copy)
+                model.use_gguf_blocks(blocks(tuple(BLOCK_BYTES)), keep_dense=config.gguf_dense_copy,
+                                      activations=config.gguf_activations)
         self.model = model.eval()
         self.sampler = Sampler()
         self.generators: dict[int, torch.Generator] = {}
@@ -101,7 +102,7 @@ class ModelRunner:
             return False
         from nextok.kernels.cpu_gguf_linear import load_gguf_matmul
 
-        return load_gguf_matmul() is not None
+        return load_gguf_matmul(self.config.gguf_activations) is not None
 
     def _cpu_decode_kernel(self):
         if self.device.type != "cpu" or self.dtype != torch.float32 or not self.config.cpu_kernels:

@@ -1,4 +1,5 @@
-"""The GGUF block matmul (csrc/gguf_matmul.c) against the loader's float32 dequantization."""
+"""The GGUF block matmul with float32 activations (csrc/gguf_matmul.c, gguf_matmul_f32) against the
+loader's float32 dequantization. The int8-activation kernel: test_cpu_gguf_int8.py."""
 from __future__ import annotations
 
 import math
@@ -36,7 +37,7 @@ def test_one_hot_rows_give_back_the_loaders_weights_bit_for_bit(type_id):
     n, k = 40, 96
     blocks = random_blocks(type_id, n, k, seed=type_id)
     w = dequantized(blocks, type_id, n, k)
-    layer = GGUFBlockLinear(blocks, type_id, n, k)
+    layer = GGUFBlockLinear(blocks, type_id, n, k, activations="float32")
     cols = [0, 1, 15, 16, 17, 31, 32, 63, 95]
     x = torch.zeros(len(cols), k)
     x[torch.arange(len(cols)), torch.tensor(cols)] = 1.0
@@ -52,7 +53,7 @@ def test_matmul_matches_float64_reference(type_id, rows):
     w = dequantized(blocks, type_id, n, k).double()
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     bias = torch.randn(n)
-    y = GGUFBlockLinear(blocks, type_id, n, k, bias=bias)(x)
+    y = GGUFBlockLinear(blocks, type_id, n, k, bias=bias, activations="float32")(x)
     ref = x.double() @ w.T + bias.double()
     assert (y.double() - ref).norm() / ref.norm() < 1e-6
 
@@ -69,7 +70,7 @@ def test_real_model_tensors(model_path):
             raw = np.frombuffer(f.read(info.nbytes), dtype=np.uint8)
         n, k = info.shape
         w = dequantize(raw.copy(), info.type_id, math.prod(info.shape)).view(n, k)
-        y = GGUFBlockLinear(raw, info.type_id, n, k)(x)
+        y = GGUFBlockLinear(raw, info.type_id, n, k, activations="float32")(x)
         ref = x.double() @ w.double().T
         assert (y.double() - ref).norm() / ref.norm() < 1e-6, name
 

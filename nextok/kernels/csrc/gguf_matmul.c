@@ -13,6 +13,8 @@
  * from a float32 matmul.
  */
 #include <stdint.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <omp.h>
 
@@ -24,6 +26,11 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
  * (2026-12-04), all the default model's layers at 1 row: 24.3 ms -> 15.5 ms (24 blocks ahead:
  * 17.5, 128: 15.5); the engine's float32 decode 27.3 -> 18.2 ms per token. */
 #define PREFETCH_BLOCKS 64
+/* The int8 kernel, ~2x less work per block, wants its blocks earlier and kept (prefetcht2, not
+ * the non-temporal hint above): all the default model's layers at 1 row 10.8 -> 7.8 ms (same
+ * machine, same day; 32 ahead: 11.9, 256: 8.0). The float32 kernel gained nothing from it. */
+#define PREFETCH_BLOCKS_Q8 128
+#define PREFETCH_Q8(p) __builtin_prefetch(p, 0, 1)
 enum { Q4_1 = 3, Q8_0 = 8 };
 
 static inline float hsum(v8 v) {
@@ -163,4 +170,347 @@ int gguf_dequant_f32(const uint8_t *w, int type, int n, int k, float *out, int n
         }
     }
     return 0;
+}
+
+
+/* ---- int8 activations (gguf_matmul_q8) ---------------------------------------------------
+ * llama.cpp's way: each row of x is quantized per 32-value block to int8 with one float scale,
+ *   d_x = max|x| / 127,  q_x = round(x / d_x) (x * (1 / d_x), rounded half to even),
+ * and a weight block's dot with it is an integer dot product (one vpdpbusd, u8 x s8 -> i32 lanes),
+ * scaled once per block in float:
+ *   Q8_0: sum_j w_j x_j ~= d_w d_x (q_w . q_x)
+ *   Q4_1: sum_j w_j x_j ~= d_w d_x (q_w . q_x) + m_w s_x,  s_x = d_x sum_j q_x,j
+ * The weights are exact; the activations lose ~8 bits (relative error ~1e-3 on a layer's output,
+ * the same as llama.cpp's Q8_1 activations). Q4_1's nibbles are unpacked into 32 u8 in weight
+ * order (low nibbles are weights 0..15, high 16..31) once per block and used for all M rows. */
+
+/* x [M, K] -> xq [M, K] int8, xd [M, K / 32] = d_x, xs [M, K / 32] = d_x * sum(q_x). */
+static void quantize_x(const float *x, int m_rows, int k, int8_t *xq, float *xd, float *xs) {
+    const int nb = k / 32;
+    for (int r = 0; r < m_rows; r++) {
+        for (int b = 0; b < nb; b++) {
+            const float *xp = x + (size_t)r * k + b * 32;
+            int8_t *qp = xq + (size_t)r * k + b * 32;
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xp[j]));
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            int sum = 0;
+            for (int j = 0; j < 32; j++) {
+                const int q = (int)nearbyintf(xp[j] * id);
+                qp[j] = (int8_t)q;
+                sum += q;
+            }
+            xd[(size_t)r * nb + b] = d;
+            xs[(size_t)r * nb + b] = d * (float)sum;
+        }
+    }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* i32 lanes of sum over groups of 4 of u8 a * s8 b (a: unpacked Q4_1 weights, or |q_w|). */
+static inline __m256i dot_u8s8(__m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), a, b);
+#else
+    /* u8 * s8 pairs fit in i16: 2 * 15 * 127 (Q4_1) or 2 * 128 * 127 (Q8_0's |q_w|) < 32767 */
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
+#endif
+}
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* Weight row `row` against x rows [r0, r0 + M), M a compile-time constant at each call site
+ * (accumulators in registers, as in rows_dot). Q4_1 unpacks its block for all M rows at once;
+ * Q8_0 moves the weight's sign onto x (u8 |q_w| x s8 sign(q_x, q_w)) per row. */
+static inline __attribute__((always_inline)) void row_q8(
+        const int8_t *xq, const float *xd, const float *xs, int k, const uint8_t *blocks, int type,
+        int block_bytes, int n, float *y, int row, int r0, const int M) {
+    const int nb = k / 32;
+    __m256 acc[MAX_ROWS];
+    float macc[MAX_ROWS];
+    for (int i = 0; i < M; i++) acc[i] = _mm256_setzero_ps(), macc[i] = 0.0f;
+    const __m256i mask = _mm256_set1_epi8(0x0f);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *bp = blocks + (size_t)b * block_bytes;
+        PREFETCH_Q8(bp + (size_t)PREFETCH_BLOCKS_Q8 * block_bytes);
+        const float dw = half_to_float(bp);
+        if (type == Q4_1) {
+            const float mw = half_to_float(bp + 2);
+            const __m128i q = _mm_loadu_si128((const __m128i *)(bp + 4));
+            const __m256i wq = _mm256_and_si256(
+                _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1), mask);
+            for (int i = 0; i < M; i++) {
+                const size_t r = (size_t)(r0 + i);
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * k + b * 32));
+                const __m256 dot = _mm256_cvtepi32_ps(dot_u8s8(wq, xv));
+                acc[i] = _mm256_fmadd_ps(dot, _mm256_set1_ps(dw * xd[r * nb + b]), acc[i]);
+                macc[i] += mw * xs[r * nb + b];
+            }
+        } else {
+            const __m256i wq = _mm256_loadu_si256((const __m256i *)(bp + 2));
+            const __m256i wabs = _mm256_abs_epi8(wq);
+            for (int i = 0; i < M; i++) {
+                const size_t r = (size_t)(r0 + i);
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * k + b * 32));
+                const __m256 dot = _mm256_cvtepi32_ps(dot_u8s8(wabs, _mm256_sign_epi8(xv, wq)));
+                acc[i] = _mm256_fmadd_ps(dot, _mm256_set1_ps(dw * xd[r * nb + b]), acc[i]);
+            }
+        }
+    }
+    for (int i = 0; i < M; i++) y[(size_t)(r0 + i) * n + row] = hsum256(acc[i]) + macc[i];
+}
+
+/* One row of x against weight rows 2 at a time (p0, p1: their first blocks): the x block and its
+ * scales are loaded once for both, and the two accumulator chains overlap. Measured (2-core Xeon,
+ * 2026-12-04, all the default model's matrices at 1 row): 5.3-5.6 -> 4.4-4.6 ms; 88 MB of Q4_1
+ * at K = 576: 2.14 -> 1.79-1.93 ms, 50 MB of Q8_0: 1.31 -> 1.04 ms. */
+static inline void two_rows_q8(const int8_t *xq, const float *xd, const float *xs, int k,
+                               const uint8_t *p0, const uint8_t *p1, int type, int block_bytes,
+                               float *y0, float *y1) {
+    const int nb = k / 32;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float m0 = 0.0f, m1 = 0.0f;
+    const __m256i mask = _mm256_set1_epi8(0x0f);
+    for (int b = 0; b < nb; b++, p0 += block_bytes, p1 += block_bytes) {
+        PREFETCH_Q8(p0 + (size_t)PREFETCH_BLOCKS_Q8 * block_bytes);
+        PREFETCH_Q8(p1 + (size_t)PREFETCH_BLOCKS_Q8 * block_bytes);
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + b * 32));
+        const float dx = xd[b];
+        __m256i d0, d1;
+        if (type == Q4_1) {
+            const __m128i q0 = _mm_loadu_si128((const __m128i *)(p0 + 4));
+            const __m128i q1 = _mm_loadu_si128((const __m128i *)(p1 + 4));
+            d0 = dot_u8s8(_mm256_and_si256(_mm256_inserti128_si256(
+                     _mm256_castsi128_si256(q0), _mm_srli_epi16(q0, 4), 1), mask), xv);
+            d1 = dot_u8s8(_mm256_and_si256(_mm256_inserti128_si256(
+                     _mm256_castsi128_si256(q1), _mm_srli_epi16(q1, 4), 1), mask), xv);
+            m0 += half_to_float(p0 + 2) * xs[b];
+            m1 += half_to_float(p1 + 2) * xs[b];
+        } else {
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(p0 + 2));
+            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(p1 + 2));
+            d0 = dot_u8s8(_mm256_abs_epi8(w0), _mm256_sign_epi8(xv, w0));
+            d1 = dot_u8s8(_mm256_abs_epi8(w1), _mm256_sign_epi8(xv, w1));
+        }
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps(half_to_float(p0) * dx), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_set1_ps(half_to_float(p1) * dx), acc1);
+    }
+    *y0 = hsum256(acc0) + m0;
+    *y1 = hsum256(acc1) + m1;
+}
+#define HAVE_TWO_ROWS 1
+#else
+/* Portable: the same sums, integer dot then one float scale per block. */
+static inline __attribute__((always_inline)) void row_q8(
+        const int8_t *xq, const float *xd, const float *xs, int k, const uint8_t *blocks, int type,
+        int block_bytes, int n, float *y, int row, int r0, const int M) {
+    const int nb = k / 32;
+    for (int i = 0; i < M; i++) {
+        const size_t r = (size_t)(r0 + i);
+        float acc = 0.0f, macc = 0.0f;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *bp = blocks + (size_t)b * block_bytes;
+            const int8_t *xp = xq + r * k + b * 32;
+            int dot = 0;
+            if (type == Q4_1) {
+                for (int j = 0; j < 16; j++)
+                    dot += (bp[4 + j] & 0x0f) * xp[j] + (bp[4 + j] >> 4) * xp[j + 16];
+                macc += half_to_float(bp + 2) * xs[r * nb + b];
+            } else {
+                for (int j = 0; j < 32; j++) dot += (int8_t)bp[2 + j] * xp[j];
+            }
+            acc += (float)dot * (half_to_float(bp) * xd[r * nb + b]);
+        }
+        y[r * n + row] = acc + macc;
+    }
+}
+#endif
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* AVX-512: two blocks per instruction. Each x row's scales are spread beforehand over 16 lanes
+ * per block pair, xd16 = [d_x(2p) x 8, d_x(2p + 1) x 8] (and xs16 = s_x / 8 likewise, so that the
+ * 8 lanes of a block add up to m_w s_x), so a row costs dpbusd, cvt, mul, fma (+ fma for Q4_1)
+ * per pair. K must be a multiple of 64. */
+#define HAVE_PAIRS 1
+
+static void spread_scales(const float *xd, const float *xs, int m_rows, int nb, float *xd16,
+                          float *xs16) {
+    for (size_t b = 0; b < (size_t)m_rows * nb; b++)  /* rows are whole pairs: nb is even */
+        for (int j = 0; j < 8; j++) {
+            xd16[(b / 2) * 16 + (b % 2) * 8 + j] = xd[b];
+            xs16[(b / 2) * 16 + (b % 2) * 8 + j] = xs[b] * 0.125f;
+        }
+}
+
+/* [a x 8, b x 8] */
+static inline __m512 pair_ps(float a, float b) {
+    return _mm512_mask_broadcastss_ps(_mm512_set1_ps(a), 0xff00, _mm_set_ss(b));
+}
+
+static inline __attribute__((always_inline)) void row_q8_pairs(
+        const int8_t *xq, const float *xd16, const float *xs16, int k, const uint8_t *blocks,
+        int type, int block_bytes, int n, float *y, int row, int r0, const int M, const int R) {
+    /* R (1 or 2) weight rows from `row` on, their blocks consecutive: each x load serves R, and
+     * m_w s_x goes into the same accumulator (fewer registers: 2 x 8 rows fit in 32 zmm).
+     * Measured, 53 MB of Q4_1 at K = 576, ms, R = 1 -> 2: 2 rows 2.1 -> 1.5, 4 rows 2.5 -> 2.2,
+     * 8 rows 4.3 -> 4.0, 16 and 32 rows the same. */
+    const int np = k / 64;
+    const size_t row_bytes = (size_t)np * 2 * block_bytes;
+    __m512 acc[2][MAX_ROWS];
+    for (int j = 0; j < R; j++)
+        for (int i = 0; i < M; i++) acc[j][i] = _mm512_setzero_ps();
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    for (int p = 0; p < np; p++) {
+        __m512 dw[2], mw[2];
+        __m512i wq[2];
+        __mmask64 neg[2];
+        for (int j = 0; j < R; j++) {
+            const uint8_t *bp = blocks + j * row_bytes + (size_t)2 * p * block_bytes, *bq = bp + block_bytes;
+            PREFETCH_Q8(bp + (size_t)PREFETCH_BLOCKS_Q8 * block_bytes);
+            dw[j] = pair_ps(half_to_float(bp), half_to_float(bq));
+            if (type == Q4_1) {
+                mw[j] = pair_ps(half_to_float(bp + 2), half_to_float(bq + 2));
+                const __m128i q0 = _mm_loadu_si128((const __m128i *)(bp + 4));
+                const __m128i q1 = _mm_loadu_si128((const __m128i *)(bq + 4));
+                __m512i v = _mm512_castsi128_si512(q0);
+                v = _mm512_inserti32x4(v, _mm_srli_epi16(q0, 4), 1);
+                v = _mm512_inserti32x4(v, q1, 2);
+                wq[j] = _mm512_and_si512(_mm512_inserti32x4(v, _mm_srli_epi16(q1, 4), 3), mask);
+            } else {
+                PREFETCH_Q8(bp + (size_t)PREFETCH_BLOCKS_Q8 * block_bytes + 64); /* 68 B */
+                const __m512i v = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(bp + 2))),
+                    _mm256_loadu_si256((const __m256i *)(bq + 2)), 1);
+                wq[j] = _mm512_abs_epi8(v);
+                neg[j] = _mm512_movepi8_mask(v);
+            }
+        }
+        for (int i = 0; i < M; i++) {
+            const size_t r = (size_t)(r0 + i), at = (r * np + p) * 16;
+            const __m512i xv = _mm512_loadu_si512(xq + r * k + p * 64);
+            const __m512 xd = _mm512_loadu_ps(xd16 + at);
+            for (int j = 0; j < R; j++) {
+                const __m512i xs = type == Q4_1 ? xv /* sign(q_x, q_w) for Q8_0's |q_w|: */
+                    : _mm512_mask_sub_epi8(xv, neg[j], _mm512_setzero_si512(), xv);
+                const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[j], xs));
+                acc[j][i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dw[j], xd), acc[j][i]);
+                if (type == Q4_1) acc[j][i] = _mm512_fmadd_ps(mw[j], _mm512_loadu_ps(xs16 + at), acc[j][i]);
+            }
+        }
+    }
+    for (int j = 0; j < R; j++)
+        for (int i = 0; i < M; i++)
+            y[(size_t)(r0 + i) * n + row + j] = _mm512_reduce_add_ps(acc[j][i]);
+}
+#endif
+
+/* Output rows [lo, hi) for all m_rows rows of x, in groups of up to MAX_ROWS: a weight row is
+ * read from memory by the first group and from L1 by the rest. xd16, xs16: spread_scales' (NULL
+ * without AVX-512 or where K is not a multiple of 64), for groups of 2+ rows. Measured on a 2-core
+ * Xeon (2026-12-04), 88 MB of Q4_1 blocks, K = 576, ms per call: 1 row 3.6 (256-bit) vs 5.6
+ * (pairs); 2 rows 5.1 vs 4.1; 4 rows 10.2 vs 8.5; 8 rows 16.2 vs 13.7 (Q8_0 alike). */
+static void rows_q8(const int8_t *xq, const float *xd, const float *xs, const float *xd16,
+                    const float *xs16, int m_rows, int k, const uint8_t *w, int type,
+                    int block_bytes, int n, float *y, int lo, int hi) {
+    const int nb = k / 32;
+    int row = lo;
+#ifdef HAVE_PAIRS
+    if (xd16)  /* weight rows two at a time: each x load serves both */
+        for (; row + 1 < hi; row += 2) {
+            const uint8_t *blocks = w + (size_t)row * nb * block_bytes;
+            for (int r0 = 0; r0 < m_rows; r0 += MAX_ROWS) {
+                const int g = m_rows - r0 < MAX_ROWS ? m_rows - r0 : MAX_ROWS;
+                switch (g) {
+#define ROW_Q8(G) row_q8_pairs(xq, xd16, xs16, k, blocks, type, block_bytes, n, y, row, r0, G, 2); break
+                case 1: ROW_Q8(1); case 2: ROW_Q8(2); case 3: ROW_Q8(3); case 4: ROW_Q8(4);
+                case 5: ROW_Q8(5); case 6: ROW_Q8(6); case 7: ROW_Q8(7); default: ROW_Q8(8);
+#undef ROW_Q8
+                }
+            }
+        }
+#endif
+#ifdef HAVE_TWO_ROWS
+    if (m_rows == 1)
+        for (; row + 1 < hi; row += 2) {
+            const uint8_t *p0 = w + (size_t)row * nb * block_bytes;
+            two_rows_q8(xq, xd, xs, k, p0, p0 + (size_t)nb * block_bytes, type, block_bytes,
+                        y + row, y + row + 1);
+        }
+#endif
+    for (; row < hi; row++) {  /* the rest: one weight row at a time */
+        const uint8_t *blocks = w + (size_t)row * nb * block_bytes;
+        for (int r0 = 0; r0 < m_rows; r0 += MAX_ROWS) {
+            const int g = m_rows - r0 < MAX_ROWS ? m_rows - r0 : MAX_ROWS;
+#ifdef HAVE_PAIRS
+            if (xd16) {
+                switch (g) {
+#define ROW_Q8(G) row_q8_pairs(xq, xd16, xs16, k, blocks, type, block_bytes, n, y, row, r0, G, 1); break
+                case 1: ROW_Q8(1); case 2: ROW_Q8(2); case 3: ROW_Q8(3); case 4: ROW_Q8(4);
+                case 5: ROW_Q8(5); case 6: ROW_Q8(6); case 7: ROW_Q8(7); default: ROW_Q8(8);
+#undef ROW_Q8
+                }
+                continue;
+            }
+#endif
+            switch (g) {
+#define ROW_Q8(G) row_q8(xq, xd, xs, k, blocks, type, block_bytes, n, y, row, r0, G); break
+            case 1: ROW_Q8(1); case 2: ROW_Q8(2); case 3: ROW_Q8(3); case 4: ROW_Q8(4);
+            case 5: ROW_Q8(5); case 6: ROW_Q8(6); case 7: ROW_Q8(7); default: ROW_Q8(8);
+#undef ROW_Q8
+            }
+        }
+    }
+}
+
+/* y [M, N] = x [M, K] @ W^T through int8 activations (above); any M >= 1. Returns 0, 1 for an
+ * unsupported type or K not a multiple of 32, 2 if the activations' scratch could not be had. */
+int gguf_matmul_q8(const float *x, int m_rows, int k, const uint8_t *w, int type, int n, float *y,
+                   int num_threads) {
+    const int block_bytes = type == Q4_1 ? 20 : type == Q8_0 ? 34 : 0;
+    if (!block_bytes || k % 32 || m_rows < 1) return 1;
+    const size_t nq = (size_t)m_rows * k, ns = (size_t)m_rows * (k / 32);
+#ifdef HAVE_PAIRS
+    const int pairs = k % 64 == 0 && m_rows > 1;
+#else
+    const int pairs = 0;
+#endif
+    /* xq | xd | xs (| xd16 | xs16) in one buffer; quantized once here, read by every thread */
+    const size_t at = (nq + 63) & ~(size_t)63;
+    uint8_t *scratch = aligned_alloc(64, (at + (pairs ? 18 : 2) * ns * sizeof(float) + 63) & ~(size_t)63);
+    if (!scratch) return 2;
+    int8_t *xq = (int8_t *)scratch;
+    float *xd = (float *)(scratch + at), *xs = xd + ns;
+    float *xd16 = pairs ? xs + ns : NULL, *xs16 = pairs ? xs + 9 * ns : NULL;
+    quantize_x(x, m_rows, k, xq, xd, xs);
+#ifdef HAVE_PAIRS
+    if (pairs) spread_scales(xd, xs, m_rows, k / 32, xd16, xs16);
+#endif
+#pragma omp parallel num_threads(num_threads)
+    {
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int lo = (int)((long)n * t / nt), hi = (int)((long)n * (t + 1) / nt);
+        rows_q8(xq, xd, xs, xd16, xs16, m_rows, k, w, type, block_bytes, n, y, lo, hi);
+    }
+    free(scratch);
+    return 0;
+}
+
+/* Which gguf_matmul_q8 code this build runs (for logs and tests): 0 portable, 1 AVX2, 2 AVX-VNNI,
+ * 3 AVX-512 VNNI (256-bit at one row, block pairs in 512-bit lanes for more). */
+int gguf_q8_path(void) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+    return 3;
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+    return 2;
+#elif defined(__AVX2__)
+    return 1;
+#else
+    return 0;
+#endif
 }

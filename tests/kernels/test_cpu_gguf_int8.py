@@ -1,0 +1,128 @@
+"""The GGUF block kernel with int8 activations (gguf_matmul_q8, the default): equal to a torch
+reference of the same math, close to the float32 dequantize-then-matmul, and the same on the
+AVX2-only and portable builds of the source."""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from nextok.kernels import cpu_build
+from nextok.kernels.cpu_gguf_linear import GGUFBlockLinear, load_gguf_matmul
+from tests.kernels.test_cpu_gguf_linear import dequantized, random_blocks
+
+pytestmark = pytest.mark.skipif(load_gguf_matmul("int8") is None, reason="no C compiler to build the kernel")
+
+
+def int8_reference(x: torch.Tensor, blocks: np.ndarray, type_id: int, n: int, k: int) -> torch.Tensor:
+    """llama.cpp's Q8 activations in torch. x [M, K] float32 -> [M, N] float64: per 32 values
+    d_x = max|x| / 127, q_x = round(x * (1 / d_x)); per block d_w d_x (q_w . q_x) (+ m_w d_x sum q_x)."""
+    nb = k // 32
+    xb = x.view(x.shape[0], nb, 32)
+    d = xb.abs().amax(-1) / 127
+    q = torch.round(xb * torch.where(d != 0, 1.0 / d, torch.zeros_like(d))[..., None])
+    s = d * q.sum(-1)  # float32, as the kernel keeps it
+    raw = torch.from_numpy(blocks.reshape(n, nb, -1).copy())
+    dw = raw[..., 0:2].contiguous().view(torch.float16).float()[..., 0]  # [N, nb]
+    if type_id == 3:
+        mw = raw[..., 2:4].contiguous().view(torch.float16).float()[..., 0]
+        nib = raw[..., 4:20].long()
+        qw = torch.cat([nib & 15, nib >> 4], -1)  # low nibbles are weights 0..15
+    else:
+        mw = torch.zeros_like(dw)
+        qw = raw[..., 2:34].view(torch.int8).long()
+    dot = torch.einsum("mbj,nbj->mnb", q.double(), qw.double())  # exact integers
+    scale = (dw[None] * d[:, None]).double()  # d_w * d_x rounded to float32, as in the kernel
+    return (dot * scale).sum(-1) + (mw[None].double() * s[:, None].double()).sum(-1)
+
+
+def activations(rows: int, k: int, seed: int) -> torch.Tensor:
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(seed))
+    x[0, 32:64] = 0.0  # an all-zero block: d_x = 0
+    x[-1, :32] = torch.arange(32) * 0.5  # ties to round: q = 0, 1, ... * 127 / 15.5
+    return x
+
+
+def assert_matches_reference(y: torch.Tensor, ref: torch.Tensor):
+    err = (y.double() - ref).abs().max() / ref.abs().max()
+    assert err < 1e-5, f"max error {err:.2e} of the largest output"
+
+
+@pytest.mark.parametrize("type_id", [3, 8])
+@pytest.mark.parametrize("k", [576, 1536, 96])  # 96: an odd number of blocks (no 512-bit pairs)
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 16, 32])
+def test_int8_kernel_matches_torch_reference(type_id, k, rows):
+    n = 97  # odd: the two threads' shares differ
+    blocks = random_blocks(type_id, n, k, seed=k + rows)
+    x = activations(rows, k, seed=rows)
+    y = GGUFBlockLinear(blocks, type_id, n, k, activations="int8")(x)
+    assert_matches_reference(y, int8_reference(x, blocks, type_id, n, k))
+
+
+@pytest.mark.parametrize("type_id", [3, 8])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_int8_kernel_is_close_to_float32_matmul(type_id, rows):
+    """The int8 activations' rounding: ~0.6% of the output's norm on Gaussian activations (each
+    value is off by up to half a step of max|x| / 127)."""
+    n, k = 300, 1536
+    blocks = random_blocks(type_id, n, k, seed=3)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(4))
+    bias = torch.randn(n)
+    y = GGUFBlockLinear(blocks, type_id, n, k, bias=bias, activations="int8")(x)
+    ref = x.double() @ dequantized(blocks, type_id, n, k).double().T + bias.double()
+    assert (y.double() - ref).norm() / (ref - bias.double()).norm() < 1e-2
+
+
+def test_activation_modes():
+    blocks = random_blocks(3, 4, 64, seed=0)
+    assert GGUFBlockLinear(blocks, 3, 4, 64).activations == "int8"  # the default
+    assert GGUFBlockLinear(blocks, 3, 4, 64, activations="float32").activations == "float32"
+    with pytest.raises(ValueError, match="int8, float32"):
+        GGUFBlockLinear(blocks, 3, 4, 64, activations="int4")
+
+
+# ---- the same source built for older CPUs --------------------------------------------------
+RESTRICTED = {  # name -> (extra flags, the gguf_q8_path() it must report)
+    "avxvnni": (["-march=native", "-mno-avx512f"], 2),
+    "avx2": (["-march=native", "-mno-avx512f", "-mno-avxvnni"], 1),
+    "portable": (["-march=x86-64"], 0),
+}
+
+
+def build_restricted(name: str, tmp_path) -> ctypes.CDLL:
+    cc = cpu_build._compiler()
+    if platform.machine() not in ("x86_64", "AMD64") or cc is None:
+        pytest.skip("an x86-64 C compiler is needed")
+    need = {"avx2": "avx2", "avxvnni": "avx_vnni"}.get(name)
+    if need and need not in open("/proc/cpuinfo").read().split():
+        pytest.skip(f"the CPU has no {need}")
+    flags = [f for f in cpu_build.FLAGS if not f.startswith("-march")] + RESTRICTED[name][0]
+    out = os.path.join(tmp_path, f"gguf_matmul_{name}.so")
+    src = os.path.join(cpu_build.CSRC, "gguf_matmul.c")
+    proc = subprocess.run([cc, *flags, "-o", out, src, "-lm"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"{cc} cannot build for {name}: {proc.stderr[-300:]}")
+    lib = ctypes.CDLL(out)
+    lib.gguf_matmul_q8.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                                   ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    return lib
+
+
+@pytest.mark.parametrize("name", list(RESTRICTED))
+def test_restricted_builds_match_the_reference(name, tmp_path):
+    lib = build_restricted(name, tmp_path)
+    assert lib.gguf_q8_path() == RESTRICTED[name][1]
+    for type_id in (3, 8):
+        for rows in (1, 3, 9):
+            n, k = 37, 576
+            blocks = random_blocks(type_id, n, k, seed=rows)
+            x = activations(rows, k, seed=rows)
+            w = torch.from_numpy(blocks.copy())
+            y = torch.empty(rows, n)
+            assert lib.gguf_matmul_q8(x.data_ptr(), rows, k, w.data_ptr(), type_id, n, y.data_ptr(), 2) == 0
+            assert_matches_reference(y, int8_reference(x, blocks, type_id, n, k))
