@@ -69,10 +69,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-gguf-blocks", dest="gguf_blocks", action="store_false",
                    help="CPU: keep GGUF weights only dequantized to float32 (default: decode steps "
                         "read Q4_1/Q8_0 weights as their blocks)")
-    g.add_argument("--gguf-activations", default="int8", choices=["int8", "float32"],
-                   help="CPU: the GGUF block kernel's activations: int8 (quantized per 32 values, "
-                        "integer dot products, as llama.cpp; fastest) or float32 (exactly the "
-                        "dequantized weights' products)")
+    g.add_argument("--gguf-activations", default="float32", choices=["int8", "float32"],
+                   help="CPU: the GGUF block kernel's activations: float32 (default: exactly the "
+                        "dequantized weights' products, so outputs do not depend on the batch) or "
+                        "int8 (quantized per 32 values, integer dot products, as llama.cpp: ~2x "
+                        "faster decode, but a sequence's greedy output may then change with what "
+                        "else is in the batch)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

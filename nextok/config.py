@@ -119,9 +119,11 @@ class EngineConfig:
     # ... and keep the float32 weights too, for steps of more than 16 (int8) or 8 rows (faster than
     # dequantizing the blocks per call); False: the blocks are the only copy (less memory).
     gguf_dense_copy: bool = True
-    # ... with int8 activations (quantized per 32 values, integer dot products; llama.cpp's way,
-    # ~2x faster at one row) or float32 ones (exactly the dequantized weights' products).
-    gguf_activations: str = "int8"
+    # ... with float32 activations (exactly the dequantized weights' products: a row's result
+    # does not depend on the batch) or int8 ones (quantized per 32 values, integer dot products;
+    # llama.cpp's way, ~2x faster at one row, but steps of more rows than the int8 kernel takes
+    # run on float32 weights, so a sequence's output can change with the batch around it).
+    gguf_activations: str = "float32"
     attention_backend: str = "torch"  # resolved: "torch" | "triton"
     # CUDA: decode steps of up to cuda_graph_max_batch sequences replay captured graphs
     enforce_eager: bool = False

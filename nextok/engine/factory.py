@@ -42,7 +42,7 @@ class EngineArgs:
     cpu_kernels: bool = True
     gguf_blocks: bool = True
     gguf_dense_copy: bool = True
-    gguf_activations: str = "int8"  # int8 | float32 (kernels/cpu_gguf_linear.py)
+    gguf_activations: str = "float32"  # float32 | int8 (kernels/cpu_gguf_linear.py)
     attention_backend: str = "auto"
     enforce_eager: bool = False
     cuda_graph_max_batch: int = 256

@@ -2,11 +2,14 @@
 
 Groundwork for packed GGUF inference (issue 7): a decode step at small batch streams every weight
 once, and float32 weights are 6x (Q4_1) or 3.8x (Q8_0) the bytes of the blocks. Two kernels:
-  int8 (default, --gguf-activations int8): each row of x is quantized per 32 values to int8 with a
-    float scale, as llama.cpp does, and each block's dot product is an integer one (VNNI); 2x
-    faster at one row, relative error ~1e-3 per layer output.
-  float32: each block is dequantized in registers exactly as the loader does (the same float32
-    weights, bit for bit) and multiplied into up to 8 rows of float32 activations at a time.
+  float32 (default): each block is dequantized in registers exactly as the loader does (the same
+    float32 weights, bit for bit) and multiplied into up to 8 rows of float32 activations at a
+    time. A row's result depends only on that row, whatever the batch (the engine's invariants:
+    batched == one at a time, speculation on == off).
+  int8 (--gguf-activations int8): each row of x is quantized per 32 values to int8 with a float
+    scale, as llama.cpp does, and each block's dot product is an integer one (VNNI); 2x faster at
+    one row, relative error ~1e-3 per layer output. Not batch-invariant: steps of more rows than
+    it takes go to the float32 weights, and on AVX-512 2+ rows sum in another order than 1.
 `BlockOrDenseLinear` puts them in the model: blocks for decode-sized steps (weight-read bound), the
 float32 layer for prefill (compute bound, where oneDNN's packed GEMM is faster than dequantizing
 every block per row group).
@@ -68,7 +71,7 @@ class GGUFBlockLinear:
     """y = x @ W.T + b, W [out, in] held as its GGUF blocks: blocks [out, in / 32 * bytes] uint8."""
 
     def __init__(self, blocks: np.ndarray | torch.Tensor, type_id: int, out_features: int,
-                 in_features: int, bias: torch.Tensor | None = None, activations: str = "int8"):
+                 in_features: int, bias: torch.Tensor | None = None, activations: str = "float32"):
         if type_id not in BLOCK_BYTES:
             raise ValueError(f"ggml type {type_id} has no block kernel (Q4_1 = 3, Q8_0 = 8)")
         if in_features % 32:

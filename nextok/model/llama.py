@@ -138,7 +138,7 @@ class LlamaForCausalLM(nn.Module):
                 module.store_kv_in_rope = hasattr(ops, "rope_neox_store_kv")
 
     def use_gguf_blocks(self, blocks: Iterable[tuple[str, int, torch.Tensor]],
-                        keep_dense: bool = True, activations: str = "int8") -> int:
+                        keep_dense: bool = True, activations: str = "float32") -> int:
         """After pack_for_cpu, on float32: every linear whose weights (all shards of a fused one)
         come as GGUF blocks of one type also keeps them, and reads them for decode-sized steps;
         keep_dense=False drops its float32 weights (bigger steps then dequantize the blocks).

@@ -1,9 +1,9 @@
 """The default model with its Q4_1/Q8_0 weights read as blocks at decode (the default on CPU
 float32) against the dequantized float32 weights only (--no-gguf-blocks).
 
-float32 activations (--gguf-activations float32): the same weights, only the summation order
-differs, so greedy outputs agree (issue 7 asks 18 of 20). int8 activations (the default, as
-llama.cpp): each linear's input is rounded to 8 bits per 32 values, ~0.8% of a layer's output, so
+float32 activations (the default): the same weights, only the summation order
+differs, so greedy outputs agree (issue 7 asks 18 of 20). int8 activations (--gguf-activations
+int8, as llama.cpp): each linear's input is rounded to 8 bits per 32 values, ~0.8% of a layer's output, so
 greedy outputs part at near-ties: measured 9 of 20 identical over 32 tokens, every parting at a
 token within 0.22 nats of the dense model's choice (llama.cpp itself agrees with the dense
 float32 model on 8 of 20)."""
@@ -40,7 +40,7 @@ def assert_partings_are_near_ties(ref, other):
 
 
 def test_int8_blocks_part_from_dequantized_greedy_only_at_near_ties(make_llm):
-    blocks, dense = make_llm(), make_llm(gguf_blocks=False)
+    blocks, dense = make_llm(gguf_activations="int8"), make_llm(gguf_blocks=False)
     layers = [m for m in blocks.engine.runner.model.modules() if isinstance(m, BlockOrDenseLinear)]
     assert len(layers) == 30 * 4 + 1  # qkv, o, gate_up, down per layer, and the tied lm_head
     assert all(m.blocks.activations == "int8" for m in layers)
@@ -50,7 +50,7 @@ def test_int8_blocks_part_from_dequantized_greedy_only_at_near_ties(make_llm):
 
 
 def test_float32_blocks_equal_dequantized_greedy(make_llm):
-    blocks, dense = make_llm(gguf_activations="float32"), make_llm(gguf_blocks=False)
+    blocks, dense = make_llm(), make_llm(gguf_blocks=False)
     layers = [m for m in blocks.engine.runner.model.modules() if isinstance(m, BlockOrDenseLinear)]
     assert len(layers) == 30 * 4 + 1 and all(m.blocks.activations == "float32" for m in layers)
     a = generate(blocks, PROMPTS[:20], max_tokens=32)

@@ -80,8 +80,8 @@ def test_int8_kernel_is_close_to_float32_matmul(type_id, rows):
 
 def test_activation_modes():
     blocks = random_blocks(3, 4, 64, seed=0)
-    assert GGUFBlockLinear(blocks, 3, 4, 64).activations == "int8"  # the default
-    assert GGUFBlockLinear(blocks, 3, 4, 64, activations="float32").activations == "float32"
+    assert GGUFBlockLinear(blocks, 3, 4, 64).activations == "float32"  # the default
+    assert GGUFBlockLinear(blocks, 3, 4, 64, activations="int8").activations == "int8"
     with pytest.raises(ValueError, match="int8, float32"):
         GGUFBlockLinear(blocks, 3, 4, 64, activations="int4")
 
