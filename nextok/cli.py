@@ -60,7 +60,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="draft tokens proposed per step, at most (1-15)")
     g.add_argument("--ngram-min", type=int, default=1, help="ngram: shortest suffix looked up")
     g.add_argument("--ngram-max", type=int, default=4, help="ngram: longest suffix looked up")
-    g.add_argument("--speculative-disable-batch-size", type=int, default=8,
+    g.add_argument("--speculative-disable-batch-size", type=int, default=16,
                    help="propose only while at most this many sequences run")
     g.add_argument("--gguf-blocks-only", dest="gguf_dense_copy", action="store_false",
                    help="CPU: keep GGUF weights only as their blocks (less memory; steps of more "

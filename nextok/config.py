@@ -95,8 +95,10 @@ class SpeculativeConfig:
     ngram_min: int = 1  # ngram: the shortest suffix of the sequence looked up in its history
     ngram_max: int = 4  # ... and the longest (the longest match wins)
     # Propose only while at most this many sequences run: beyond it a verify step's extra rows
-    # cost more than the accepted tokens save (the crossover is measured in BENCHMARKS.md).
-    disable_batch_size: int = 8
+    # would cost more than the accepted tokens save. Measured on the 2-core Xeon (BENCHMARKS.md,
+    # code prompts, K = 4, output tok/s off -> ngram): 1: 42 -> 74, 2: 73 -> 66, 4: 105 -> 126,
+    # 8: 139 -> 145, 16: 165 -> 197; no crossover up to 16, so it stops there.
+    disable_batch_size: int = 16
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ class EngineArgs:
     num_speculative_tokens: int = 4
     ngram_min: int = 1
     ngram_max: int = 4
-    speculative_disable_batch_size: int = 8
+    speculative_disable_batch_size: int = 16
     download: bool = True
 
 
