@@ -26,10 +26,10 @@ def main() -> int:
     if mode == "request":
         original = LLMEngine._detokenize
 
-        def _detokenize(self, req, seq, token, lp):
+        def _detokenize(self, req, seq, token, *args, **kwargs):
             if "BOOM" in self.tokenizer.decode(req.prompt_token_ids):
                 raise ValueError("injected failure for this request")
-            return original(self, req, seq, token, lp)
+            return original(self, req, seq, token, *args, **kwargs)
 
         LLMEngine._detokenize = _detokenize
     elif mode == "engine":
