@@ -70,8 +70,6 @@ def _speculative_sample(probs: torch.Tensor, draft: list[int], gen) -> list[int]
 
 
 def _sample(p: torch.Tensor, gen) -> int:
-    """One token from the (unnormalised) distribution p [V]: argmax p / q, q ~ Exp(1) (the
-    sampler's exponential race)."""
-    q = torch.empty_like(p)
-    q.exponential_(generator=gen) if gen is not None else q.exponential_()
-    return int((p / q.clamp_(min=1e-30)).argmax())
+    """One token from the (unnormalised) distribution p [V]: the sampler's exponential race."""
+    q = Sampler.exponential_noise(p.unsqueeze(0), [gen])[0]
+    return int((p / q).argmax())
