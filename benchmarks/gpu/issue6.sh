@@ -33,12 +33,16 @@ join_model() {
     [ "$(sha256sum $M 2>/dev/null | cut -c1-64)" = "$(cat .gpucarry/gguf.sha256)" ]
 }
 
-case "${1:-}" in
-kernels)
+environment() {
     step environment
     { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
       python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)'
       echo "commit ${NEXTOK_COMMIT:-unknown}"; } | tee "$OUT/env.txt"
+}
+
+case "${1:-}" in
+kernels)
+    environment
     join_model || true  # only keeps gguf_a in /tmp for the next call
     step kernel tests on CUDA, realistic shapes
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_fused.py \
@@ -65,10 +69,7 @@ kernels)
     fi
     ;;
 pdl)
-    step environment
-    { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
-      python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)'
-      echo "commit ${NEXTOK_COMMIT:-unknown}"; } | tee "$OUT/env.txt"
+    environment
     join_model || true  # only keeps gguf_a in /tmp for the next call
     step GEMV and PDL kernel tests on CUDA, realistic shapes
     timeout ${T_TESTS:-150} python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_triton_gemv.py \

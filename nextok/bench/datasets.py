@@ -63,20 +63,26 @@ def stdlib_split() -> dict[str, list[str]]:
     return parts
 
 
+def shuffled_sources(rng: random.Random, max_chars: int = 200_000):
+    """(path, the first max_chars characters) of every readable stdlib file, in an order shuffled
+    by rng (the shuffle happens at the first item, before the caller draws from rng again)."""
+    files = stdlib_files()
+    rng.shuffle(files)
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                yield path, f.read(max_chars)
+        except (OSError, UnicodeDecodeError):
+            continue
+
+
 def code_prompts(tokenizer, num: int, input_len: int, seed: int) -> list[list[int]]:
     """`num` windows of `input_len` tokens, each from a different stdlib file (cycled if few)."""
     rng = random.Random(seed)
-    files = stdlib_files()
-    rng.shuffle(files)
     prompts: list[list[int]] = []
-    for path in files:
+    for _, text in shuffled_sources(rng):
         if len(prompts) == num:
             break
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read(200_000)
-        except (OSError, UnicodeDecodeError):
-            continue
         ids = tokenizer.encode(text, add_special_tokens=False)
         if len(ids) < input_len + 1:
             continue

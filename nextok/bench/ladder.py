@@ -117,17 +117,10 @@ def editor_prompt_sets(tokenizer, num_sets: int, num_requests: int, prompts_per_
 
 def _long_files(tokenizer, count: int, min_tokens: int, rng: random.Random) -> list[list[int]]:
     """The first tokens of `count` shuffled stdlib files that have at least `min_tokens`."""
-    from nextok.bench.datasets import stdlib_files
+    from nextok.bench.datasets import shuffled_sources
 
-    paths = stdlib_files()
-    rng.shuffle(paths)
     out = []
-    for path in paths:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read(min_tokens * 12)  # code runs ~3-4 characters a token
-        except (OSError, UnicodeDecodeError):
-            continue
+    for _, text in shuffled_sources(rng, min_tokens * 12):  # code runs ~3-4 characters a token
         ids = tokenizer.encode(text, add_special_tokens=False)
         if len(ids) >= min_tokens:
             out.append(ids[:min_tokens])

@@ -42,18 +42,13 @@ def edit_prompts(tokenizer, num: int, seed: int, max_tokens: int) -> list[tuple[
     """(prompt ids, max_tokens): a chat request to rewrite a real stdlib function of 6-30 lines
     with one of its names (used 3+ times) renamed, the editing requests an assistant sees. The
     reply repeats most of its context; max_tokens covers the function and its code fence."""
-    from nextok.bench.datasets import stdlib_files
+    from nextok.bench.datasets import shuffled_sources
 
-    rng = random.Random(seed)
-    files = stdlib_files()
-    rng.shuffle(files)
     out = []
-    for path in files:
+    for _, source in shuffled_sources(random.Random(seed)):
         try:
-            with open(path, encoding="utf-8") as f:
-                source = f.read(200_000)
             tree = ast.parse(source)
-        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        except (SyntaxError, ValueError):
             continue
         lines = source.splitlines()
         for node in ast.walk(tree):

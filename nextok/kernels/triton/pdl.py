@@ -27,6 +27,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _OVERRIDE: bool | None = None  # set_enabled(): benchmarks switch it between graph captures
+_ENV_ON = os.environ.get("NEXTOK_PDL", "1") != "0"  # read once, at import
 
 
 @functools.cache
@@ -42,7 +43,7 @@ def enabled(device: torch.device) -> bool:
         return False
     if _OVERRIDE is not None:
         return _OVERRIDE and _supported(device.index or 0)
-    return os.environ.get("NEXTOK_PDL", "1") != "0" and _supported(device.index or 0)
+    return _ENV_ON and _supported(device.index or 0)
 
 
 def set_enabled(value: bool | None) -> None:
