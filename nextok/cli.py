@@ -67,14 +67,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "than 32 rows, 8 with --gguf-activations float32, then dequantize each "
                         "weight per call)")
     g.add_argument("--no-gguf-blocks", dest="gguf_blocks", action="store_false",
-                   help="CPU: keep GGUF weights only dequantized to float32 (default: decode steps "
-                        "read Q4_1/Q8_0 weights as their blocks)")
-    g.add_argument("--gguf-activations", default="float32", choices=["int8", "float32"],
-                   help="CPU: the GGUF block kernel's activations: float32 (default: exactly the "
+                   help="CPU: keep GGUF weights only dequantized (default: decode steps read "
+                        "Q4_1/Q8_0 weights as their blocks)")
+    g.add_argument("--gguf-activations", default="auto", choices=["auto", "int8", "float32"],
+                   help="CPU: the GGUF block kernel's activations: float32 (exactly the "
                         "dequantized weights' products, so outputs do not depend on the batch) or "
                         "int8 (quantized per 32 values, integer dot products, as llama.cpp: ~2x "
                         "faster decode, but a sequence's greedy output may then change with what "
-                        "else is in the batch)")
+                        "else is in the batch); auto (default): float32 with --dtype float32, "
+                        "int8 with bfloat16")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -115,16 +115,17 @@ class EngineConfig:
     # CPU: oneDNN packed linears and the C paged-decode kernel; False = plain torch ops (the
     # reference path, and an ablation for benchmarks).
     cpu_kernels: bool = True
-    # CPU float32 on a GGUF file: decode-sized steps read Q4_1/Q8_0 weights as their blocks
-    # (kernels/cpu_gguf_linear.py); False = the dequantized float32 weights only.
+    # CPU float32 or bfloat16 on a GGUF file: decode-sized steps read Q4_1/Q8_0 weights as their
+    # blocks (kernels/cpu_gguf_linear.py); False = the dequantized weights only.
     gguf_blocks: bool = True
-    # ... and keep the float32 weights too, for steps of more than 16 (int8) or 8 rows (faster than
-    # dequantizing the blocks per call); False: the blocks are the only copy (less memory).
+    # ... and keep the dense weights too (float32 or bfloat16), for steps too big for the blocks
+    # (faster than dequantizing the blocks per call); False: the blocks are the only copy.
     gguf_dense_copy: bool = True
     # ... with float32 activations (exactly the dequantized weights' products: a row's result
     # does not depend on the batch) or int8 ones (quantized per 32 values, integer dot products;
     # llama.cpp's way, ~2x faster at one row, but steps of more rows than the int8 kernel takes
     # run on float32 weights, so a sequence's output can change with the batch around it).
+    # Resolved from "auto" by the factory: float32 on a float32 model, int8 on a bfloat16 one.
     gguf_activations: str = "float32"
     attention_backend: str = "torch"  # resolved: "torch" | "triton"
     # CUDA: decode steps of up to cuda_graph_max_batch sequences replay captured graphs

@@ -81,6 +81,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--nextok-args", default="", help="extra flags for nextok serve")
     p.add_argument("--llama-args", default="", help="extra flags for llama-server")
+    p.add_argument("--baseline-nextok-args", default=None, metavar="ARGS",
+                   help="run a second nextok server with these flags as the peer instead of "
+                        "llama-server (e.g. one build option against another, interleaved the same way)")
     p.add_argument("--output", required=True, help="JSON path; the markdown table goes next to it (.md)")
     p.add_argument("--time-limit", type=float, default=900.0, help="seconds per run")
     p.set_defaults(func=_cmd_compare)
@@ -108,12 +111,13 @@ def figure(summary: dict, key: str, stat: str | None) -> float | None:
     return None if v is None else float(v)
 
 
-def ratio_table(runs: list[dict], workloads: list[Workload]) -> list[dict]:
-    """Per workload and figure: each server's median, and the per-pair ratios' median and range."""
+def ratio_table(runs: list[dict], workloads: list[Workload], peer_name: str = "llama.cpp") -> list[dict]:
+    """Per workload and figure: each server's median, and the per-pair ratios' median and range.
+    (The peer's column keeps the key llama_cpp whichever server the peer is.)"""
     rows = []
     for w in workloads:
         mine = [r for r in runs if r["workload"] == w.name and r["server"] == "nextok"]
-        peer = [r for r in runs if r["workload"] == w.name and r["server"] == "llama.cpp"]
+        peer = [r for r in runs if r["workload"] == w.name and r["server"] == peer_name]
         for key, stat, label, higher in FIGURES:
             a = [figure(r["summary"], key, stat) for r in mine]
             b = [figure(r["summary"], key, stat) for r in peer]
@@ -131,15 +135,17 @@ def ratio_table(runs: list[dict], workloads: list[Workload]) -> list[dict]:
 
 def markdown(result: dict) -> str:
     h = result
-    lines = [f"# nextok vs llama.cpp llama-server ({h['time_utc'][:10]})", "",
+    peer = h.get("peer", "llama.cpp")
+    title = "llama.cpp llama-server" if peer == "llama.cpp" else f"{peer} (`nextok serve {' '.join(h['peer_argv'][3:])}`)"
+    lines = [f"# nextok vs {title} ({h['time_utc'][:10]})", "",
              f"Machine: {common.machine_line(h['machine'])}", f"Commit: {h['commit']}{' (dirty)' if h['dirty'] else ''}",
              f"Command: `{h['command']}`",
              f"Model: {os.path.basename(h['model'])}; both servers: {h['threads']} threads, "
-             f"{h['parallel']} parallel slots; llama-server: `{' '.join(h['llama_argv'][3:])}`", "",
-             "Ratio = median over pairs of (nextok / llama.cpp) for runs a minute apart; "
+             f"{h['parallel']} parallel slots; {peer}: `{' '.join(h['peer_argv'][3:])}`", "",
+             f"Ratio = median over pairs of (nextok / {peer}) for runs a minute apart; "
              "for latencies lower is better, for throughputs higher. Every pair sends fresh prompts "
              "(the same to both servers), so no run is served from a cache an earlier run filled.", "",
-             "| workload | figure | nextok | llama.cpp | ratio (median) | range |",
+             f"| workload | figure | nextok | {peer} | ratio (median) | range |",
              "|---|---|---:|---:|---:|---|"]
     for r in h["table"]:
         def f(v):
@@ -169,7 +175,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     gguf = hub.resolve_model(args.model)
     if not os.path.isfile(gguf) or not gguf.endswith(".gguf"):
         raise ValueError(f"compare needs a GGUF file both servers load, not {gguf!r}")
-    binary = find_llama_server(args.llama_server)
+    binary = find_llama_server(args.llama_server) if args.baseline_nextok_args is None else None
     tok = load_tokenizer(gguf)
 
     def requests_of(w: Workload, pair: int):
@@ -181,8 +187,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     started = common.header()  # the commit and time the run starts from, not ends at
     log_dir = tempfile.mkdtemp(prefix="nextok-compare-")
     mine = ServerUnderTest.nextok(gguf, args.threads, args.parallel, log_dir, shlex.split(args.nextok_args))
-    peer = ServerUnderTest.llama_cpp(binary, gguf, args.threads, args.parallel, args.ctx_per_slot, log_dir,
-                                     shlex.split(args.llama_args))
+    if binary is None:
+        peer = ServerUnderTest.nextok(gguf, args.threads, args.parallel, log_dir,
+                                      shlex.split(args.baseline_nextok_args), name="nextok-baseline")
+    else:
+        peer = ServerUnderTest.llama_cpp(binary, gguf, args.threads, args.parallel, args.ctx_per_slot,
+                                         log_dir, shlex.split(args.llama_args))
     runs: list[dict] = []
     try:
         for s in (mine, peer):
@@ -208,9 +218,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         mine.stop()
         peer.stop()
     result = started | ({"benchmark": "compare", "model": gguf, "threads": args.threads, "parallel": args.parallel,
-                            "llama_server": binary, "llama_argv": peer.argv, "nextok_argv": mine.argv,
+                            "llama_server": binary, "peer": peer.name, "peer_argv": peer.argv,
+                            "llama_argv": peer.argv, "nextok_argv": mine.argv,
                             "workloads": [w.__dict__ for w in workloads], "pairs": args.pairs})
-    result["table"] = ratio_table(runs, workloads)
+    result["table"] = ratio_table(runs, workloads, peer.name)
     result["runs"] = runs
     common.write_json(args.output, result)
     md_path = os.path.splitext(args.output)[0] + ".md"

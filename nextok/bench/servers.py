@@ -49,12 +49,13 @@ class ServerUnderTest:
         self.proc: subprocess.Popen | None = None
 
     @classmethod
-    def nextok(cls, gguf: str, threads: int, parallel: int, log_dir: str, extra: list[str] = ()):
+    def nextok(cls, gguf: str, threads: int, parallel: int, log_dir: str, extra: list[str] = (),
+               name: str = "nextok"):
         port = free_port()
         argv = [sys.executable, "-m", "nextok", "serve", "--model", gguf, "--host", "127.0.0.1",
                 "--port", str(port), "--num-threads", str(threads), "--max-num-seqs", str(parallel),
                 *extra]
-        return cls("nextok", argv, port, "/ready", os.path.join(log_dir, "nextok.log"))
+        return cls(name, argv, port, "/ready", os.path.join(log_dir, f"{name}.log"))
 
     @classmethod
     def llama_cpp(cls, binary: str, gguf: str, threads: int, parallel: int, ctx_per_slot: int,

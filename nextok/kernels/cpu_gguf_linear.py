@@ -39,6 +39,9 @@ MAX_ROWS = 8  # rows of x per float32-kernel call (the accumulators stay in regi
 # (24 rows against the dense copy is a tie: 48.4 vs 50.6 here, 48.6 vs 47.3 in an earlier run.)
 INT8_DENSE_MAX_ROWS = 16
 INT8_BLOCKS_MAX_ROWS = 32
+# Beside a bfloat16 dense copy (oneDNN on AMX, flat ~18 ms for every row count above) the int8
+# blocks pay up to 8 rows (17.2 ms there, a tie).
+INT8_BF16_DENSE_MAX_ROWS = 8
 ACTIVATIONS = ("int8", "float32")  # --gguf-activations
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
              ctypes.c_void_p, ctypes.c_int]
@@ -157,7 +160,7 @@ class BlockLinear(nn.Module):
 
 class BlockOrDenseLinear(nn.Module):
     """One linear layer held twice: as GGUF blocks for steps of at most `max_rows` rows, and as its
-    float32 layer (`dense`, e.g. a PackedLinear) for bigger ones. x: [T, in] -> [T, out].
+    float32 or bfloat16 layer (`dense`, e.g. a PackedLinear) for bigger ones. x: [T, in] -> [T, out].
 
     float32 activations, measured over all the default model's matrices (2-core AVX2, ms): blocks
     18 / 26 / 36 at 1 / 4 / 8 rows, oneDNN float32 57 / 68 / 71; beyond 8 rows the blocks would be
@@ -173,9 +176,11 @@ class BlockOrDenseLinear(nn.Module):
         self.in_features, self.out_features = dense.in_features, dense.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= self.max_rows and x.dtype == torch.float32:
+        if x.shape[0] > self.max_rows:
+            return self.dense(x)
+        if x.dtype == torch.float32:
             return self.blocks(x)
-        return self.dense(x)
+        return self.blocks(x.float()).to(x.dtype)  # bfloat16 model: the kernels take float32
 
     def extra_repr(self) -> str:
         return f"type={self.blocks.type_id}, {self.blocks.activations} blocks up to {self.max_rows} rows"

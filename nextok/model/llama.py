@@ -139,12 +139,16 @@ class LlamaForCausalLM(nn.Module):
 
     def use_gguf_blocks(self, blocks: Iterable[tuple[str, int, torch.Tensor]],
                         keep_dense: bool = True, activations: str = "float32") -> int:
-        """After pack_for_cpu, on float32: every linear whose weights (all shards of a fused one)
-        come as GGUF blocks of one type also keeps them, and reads them for decode-sized steps;
-        keep_dense=False drops its float32 weights (bigger steps then dequantize the blocks).
+        """After pack_for_cpu, on float32 or bfloat16: every linear whose weights (all shards of a
+        fused one) come as GGUF blocks of one type also keeps them, and reads them for decode-sized
+        steps; keep_dense=False drops its dense weights (bigger steps then dequantize the blocks).
         blocks: (HF name, ggml type, raw [rows, row bytes]); activations: the block kernel's,
         int8 or float32 (kernels/cpu_gguf_linear.py). Returns how many layers took them."""
-        from nextok.kernels.cpu_gguf_linear import BlockLinear, BlockOrDenseLinear, GGUFBlockLinear
+        from nextok.kernels.cpu_gguf_linear import (INT8_BF16_DENSE_MAX_ROWS, BlockLinear,
+                                                    BlockOrDenseLinear, GGUFBlockLinear)
+
+        # bfloat16 dense layers (AMX) catch up with the blocks at fewer rows than float32 ones
+        dense_rows = INT8_BF16_DENSE_MAX_ROWS if self.embed_tokens.weight.dtype == torch.bfloat16 else None
 
         shards: dict[str, dict[int, tuple[int, torch.Tensor]]] = {}
         for hf_name, type_id, raw in blocks:
@@ -171,7 +175,8 @@ class LlamaForCausalLM(nn.Module):
                                     bias=None if bias is None else bias.detach(), activations=activations)
             parent_name, _, attr = module_name.rpartition(".")
             parent = self.get_submodule(parent_name) if parent_name else self
-            setattr(parent, attr, BlockOrDenseLinear(dense, layer) if keep_dense else BlockLinear(layer))
+            setattr(parent, attr, BlockOrDenseLinear(dense, layer, dense_rows) if keep_dense
+                    else BlockLinear(layer))
             swapped += 1
         return swapped
 

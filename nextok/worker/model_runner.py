@@ -98,7 +98,8 @@ class ModelRunner:
         return TorchRefBackend(self._cpu_decode_kernel())
 
     def _gguf_blocks_apply(self) -> bool:
-        if self.dtype != torch.float32 or not self.config.gguf_blocks or self.config.quantization:
+        if (self.dtype not in (torch.float32, torch.bfloat16) or not self.config.gguf_blocks
+                or self.config.quantization):
             return False
         from nextok.kernels.cpu_gguf_linear import load_gguf_matmul
 
