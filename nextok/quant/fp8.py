@@ -3,7 +3,8 @@ newer: Ada, Hopper), from a bf16 / fp16 checkpoint at load.
 
 - Weights: e4m3 [out, in] with one float32 scale per output channel, s_w = max|W[o]| / 448
   (448: e4m3's largest finite value), so each channel uses the format's whole range.
-- Activations: quantized per token at run time, s_x = max|x[t]| / 448.
+- Activations: quantized per token at run time, s_x = max|x[t]| / 448, by one Triton kernel
+  (kernels/triton/fp8_quant.py).
 - y = (x_q @ W_q^T) * s_x * s_w, through torch._scaled_mm with row-wise scales (float32
   accumulation, output in the activation dtype), then + bias.
 Half the weight bytes of bf16, and twice its tensor-core rate for large steps.
@@ -17,6 +18,7 @@ from nextok.errors import NextokError
 from nextok.quant.base import QuantMethod
 
 E4M3_MAX = 448.0
+MAX_K = 16384  # kernels/triton/fp8_quant.py quantizes rows of up to this many values in one pass
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,7 +41,13 @@ class FP8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        xq, sx = quantize_rows(x.reshape(-1, self.in_features))
+        x2 = x.reshape(-1, self.in_features)
+        if x2.stride(-1) == 1 and self.in_features <= MAX_K:
+            from nextok.kernels.triton.fp8_quant import quantize_rows_fp8
+
+            xq, sx = quantize_rows_fp8(x2)  # one kernel instead of six
+        else:
+            xq, sx = quantize_rows(x2)
         # _scaled_mm wants its second operand column-major: qweight.t() of a row-major [out, in].
         y = torch._scaled_mm(xq, self.qweight.t(), scale_a=sx, scale_b=self.scale, out_dtype=x.dtype)
         if self.bias is not None:

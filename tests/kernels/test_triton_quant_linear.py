@@ -1,8 +1,9 @@
-"""The W4A16 / W8A16 Triton kernels (kernels/triton/quant_linear.py) equal dequantize-then-matmul.
+"""The W4A16 and W8A16 Triton kernels (kernels/triton/w4a16.py, quant_linear.py) equal
+dequantize-then-matmul.
 
 On CUDA at Llama-3.1-8B / Qwen2.5 layer shapes; without a GPU in Triton's interpreter on small
-ones. The 4-bit weight is dequantized and rounded to x's dtype before the product in both, so
-they multiply the same matrix; only the summation order differs.
+ones. The torch path rounds the dequantized 4-bit weight to x's dtype before the product; the
+one-row kernel multiplies it unrounded (float32), the tl.dot path rounds it as torch does.
 """
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-from nextok.kernels.triton.quant_linear import MAX_ROWS, w4a16, w8a16  # noqa: E402
-from nextok.quant.int4 import (Int4Linear, dequantize_groups, pack_nibbles, quantize_groups,  # noqa: E402
-                               unpack_nibbles)
+from nextok.kernels.triton.quant_linear import MAX_ROWS, w8a16  # noqa: E402
+from nextok.kernels.triton.w4a16 import w4a16  # noqa: E402
+from nextok.quant.int4 import (Int4Linear, dequantize_groups, pack_nibbles, pack_words,  # noqa: E402
+                               quantize_groups, unpack_nibbles, unpack_words)
 from nextok.quant.int8 import dequantize, quantize_per_channel  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
-SHAPES = [(6144, 4096, 128), (4096, 14336, 128), (1536, 8960, 64)] if CUDA else [(40, 192, 64), (24, 96, 32)]
+SHAPES = ([(6144, 4096, 128), (4096, 14336, 128), (1536, 8960, 64), (28672, 4096, 128), (896, 4864, 32)]
+          if CUDA else [(40, 192, 64), (24, 96, 32), (20, 320, 32)])
 ROWS = [1, 5, 16]
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (4e-3, 4e-3)}
 
@@ -45,6 +48,16 @@ def test_nibbles_round_trip_in_q4_1_order():
     assert torch.equal(unpack_nibbles(packed), q)
 
 
+def test_words_round_trip_in_column_order():
+    q = torch.randint(0, 16, (3, 64), dtype=torch.uint8)
+    q[0, 7] = 15  # the top nibble of a word: the int32 is negative
+    words = pack_words(q)
+    assert words.shape == (3, 8) and words.dtype == torch.int32
+    assert words[0, 0].item() < 0
+    assert int(words[1, 2]) & 0xF == q[1, 16] and (int(words[1, 2]) >> 4) & 0xF == q[1, 17]
+    assert torch.equal(unpack_words(words), q)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("rows", ROWS)
@@ -53,7 +66,7 @@ def test_w4a16(dtype, shape, rows):
     w, x, b = _data(dtype, n, k, rows)
     q, d, m = quantize_groups(w, group)
     deq = dequantize_groups(q, d, m).to(DEVICE, dtype)  # Int4Linear's torch path
-    args = (pack_nibbles(q).to(DEVICE), d.to(DEVICE), m.to(DEVICE))
+    args = (pack_words(q).to(DEVICE), d.to(DEVICE), m.to(DEVICE))
     _close(w4a16(x, *args, b), torch.nn.functional.linear(x, deq, b))
     _close(w4a16(x, *args), torch.nn.functional.linear(x, deq))
 
@@ -76,17 +89,20 @@ def test_int4_linear_runs_the_kernel_or_the_torch_path_alike():
     w, x, b = _data(torch.float32, n, k, MAX_ROWS + 4)
     q, d, m = quantize_groups(w, group)
     layer = Int4Linear(q, d, m, b.cpu()).to(DEVICE)
-    assert layer.qweight.shape == (n, k // 2)
+    assert layer.qweight.shape == (n, k // 8)
     want = torch.nn.functional.linear(x, dequantize_groups(q, d, m).to(DEVICE), b)
     _close(layer(x), want)  # 20 rows: the dense path
     _close(layer(x[:3]), want[:3])  # on CUDA: the kernel
 
 
 def test_bad_shapes_are_refused():
-    q = torch.zeros(8, 48, dtype=torch.uint8)  # K = 96: whole 32-blocks, but groups of 48
+    q = torch.zeros(8, 12, dtype=torch.int32)  # K = 96: groups of 48, not a power of two
     d = torch.ones(8, 2, dtype=torch.float16)
-    with pytest.raises(ValueError, match="multiples of 32"):
+    with pytest.raises(ValueError, match="power of two"):
         w4a16(torch.zeros(1, 96, device=DEVICE), q.to(DEVICE), d.to(DEVICE), d.to(DEVICE))
+    with pytest.raises(ValueError, match="rows"):
+        w4a16(torch.zeros(MAX_ROWS + 1, 96, device=DEVICE), q.to(DEVICE), d[:, :1].to(DEVICE),
+              d[:, :1].to(DEVICE))
     with pytest.raises(ValueError, match="rows"):
         w8a16(torch.zeros(MAX_ROWS + 1, 32, device=DEVICE), torch.zeros(4, 32, dtype=torch.int8, device=DEVICE),
               torch.ones(4, dtype=torch.float16, device=DEVICE))

@@ -1,0 +1,60 @@
+#!/bin/bash
+# Issue 7 (quantization) on the H200, from the repo root of the GPU machine:
+#   bash benchmarks/gpu/issue7.sh w4a16     kernel tests on CUDA; the W4A16 tile sweep; the 8B
+#                                           decode step bf16 vs int4 (W4A16), A/B interleaved
+#   bash benchmarks/gpu/issue7.sh fp8-kv    offline throughput 1000 x 512 -> 256, bf16 vs fp8; the
+#                                           4k-token sequences a KV budget holds per cache dtype
+# Reads .gpucarry/smollm2-135m (a tokenizer for the dummy checkpoints: benchmarks/gpu/make_carry.sh).
+# Everything written under $OUT comes back.
+set -u
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/nextok-out}
+mkdir -p "$OUT"
+TOK=.gpucarry/smollm2-135m
+L8B=benchmarks/configs/llama-3.1-8b
+DUMMY="--load-format dummy --tokenizer $TOK --dtype bfloat16 --max-model-len 4096"
+step() { echo "=== $* ($(date -u +%T))"; }
+step environment
+{ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+  python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)'
+  echo "commit ${NEXTOK_COMMIT:-unknown}"; } | tee "$OUT/env.txt"
+
+latency() {  # $1: label, then extra flags
+    local label=$1; shift
+    timeout ${T_LAT:-150} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes 1,8 \
+        --repeats 2 --cuda-graph-max-batch 32 "$@" --output "$OUT/latency-llama-8b-$label.json" 2>&1 \
+        | grep -v Warning | tail -4
+}
+
+case "${1:-}" in
+w4a16)
+    step kernel tests on CUDA: W4A16, W8A16, FP8, int4
+    timeout ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_quant_linear.py \
+        tests/quant/test_fp8.py tests/quant/test_int4.py 2>&1 | tail -12 | tee "$OUT/kernel-tests.txt"
+    step W4A16 tile sweep, Llama-3.1-8B layer shapes
+    timeout ${T_PROBE:-240} python3 benchmarks/gpu/w4a16_probe.py "$OUT/w4a16-probe.json" "$OUT/w4a16-table.json" \
+        ${PROBE_SHAPES:-6144x4096,4096x4096,28672x4096,4096x14336} 2>&1 | grep -v "^  " | tail -12
+    export NEXTOK_W4A16_CONFIGS=$OUT/w4a16-table.json
+    for r in 1 2; do
+        step "8B decode step, bf16 (round $r)"; latency bf16-r$r
+        step "8B decode step, int4 W4A16 (round $r)"; latency int4-r$r --quantization int4
+    done
+    ;;
+fp8-kv)
+    for q in bf16 fp8; do
+        step "throughput 1000 x 512 -> 256, 8B, $q"
+        extra=""; [ $q = fp8 ] && extra="--quantization fp8"
+        timeout ${T_TP:-200} python3 -m nextok bench throughput --model $L8B $DUMMY --num-prompts 1000 \
+            --input-len 512 --output-len 256 --kv-cache-memory-fraction ${KV_FRAC:-0.35} \
+            --max-num-batched-tokens 8192 --max-num-seqs ${MAX_SEQS:-256} $extra \
+            --output "$OUT/throughput-llama-8b-$q.json" 2>&1 | grep -v "it/s\]" | tail -6
+    done
+    step KV capacity: 4k-token sequences per cache dtype, one budget
+    timeout ${T_KV:-150} python3 benchmarks/gpu/kv_capacity.py $L8B $TOK "$OUT/kv-capacity.json" 2>&1 \
+        | grep -v Warning | tail -8
+    ;;
+*)
+    echo "usage: $0 w4a16|fp8-kv" >&2
+    exit 2
+    ;;
+esac

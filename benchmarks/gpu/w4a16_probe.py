@@ -1,0 +1,116 @@
+"""The W4A16 kernel's tiles swept at decode shapes, against bf16 (issue 7, item 4).
+
+    python3 benchmarks/gpu/w4a16_probe.py OUT.json TABLE.json [SHAPES]
+
+For each shape y = x @ W.T (N x K, groups of 128) and 1 and 8 rows: bf16 through cuBLAS
+(F.linear) and through nextok's Triton GEMV, and the W4A16 kernel at every tile of a grid.
+Weights rotate over copies larger than the 50 MB L2, as each layer's do in a real step, and
+each variant is timed as a CUDA graph of 24 calls (a Python launch costs more than a 4-bit
+o_proj reads). Writes every timing to OUT.json and the fastest tile per shape and row class to
+TABLE.json, the format kernels/triton/w4a16.py reads (configs/w4a16_<gpu>.json).
+SHAPES: comma-separated NxK (default: the Llama-3.1-8B layers and Qwen2.5-Coder-7B's).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.getcwd())
+
+from nextok.bench.common import header  # noqa: E402
+from nextok.kernels.triton import w4a16 as w4  # noqa: E402
+from nextok.kernels.triton.gemv import gemv  # noqa: E402
+from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # noqa: E402
+
+DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336,4608x3584,3584x3584,37888x3584,3584x18944"
+CALLS = 24
+ONE_ROW = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=ns)
+           for bn, tw, nw, ns in itertools.product((8, 16, 32), (64, 128, 256), (4, 8), (2, 3, 4))]
+DOT = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=ns)
+       for bn, tw, nw, ns in itertools.product((16, 32, 64), (16, 32, 64), (4, 8), (2, 3))]
+
+
+def graph_us(fn, copies: int) -> float:
+    """Microseconds per call of fn(i) for i rotating over the copies, replayed as one graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(3):
+            fn(i % copies)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(CALLS):
+            fn(i % copies)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (10 * CALLS)
+
+
+def main() -> int:
+    out_path, table_path = sys.argv[1], sys.argv[2]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in (sys.argv[3] if len(sys.argv) > 3 else DEFAULT_SHAPES).split(",")]
+    dev, rows, table = torch.device("cuda"), [], {}
+    for n, k in shapes:
+        w = torch.randn(n, k, device=dev) * k ** -0.5
+        q, d, m = quantize_groups(w, 128)
+        bf = w.to(torch.bfloat16)
+        copies = max(2, -(-400 * 2**20 // (n * k * 2)))  # bf16 copies over 400 MB
+        bfs = [bf.clone() for _ in range(copies)]
+        words = pack_words(q)
+        packed = [(words.clone(), d.clone(), m.clone()) for _ in range(copies)]
+        packed_bytes = words.numel() * 4 + d.numel() * 2 + m.numel() * 2
+        ref_w = dequantize_groups(q, d, m)
+        del w, q
+        for mrows in (1, 8):
+            x = torch.randn(mrows, k, device=dev, dtype=torch.bfloat16)
+            ref = F.linear(x.float(), ref_w)
+            r = {"n": n, "k": k, "rows": mrows, "packed_bytes": packed_bytes}
+            r["bf16_cublas_us"] = graph_us(lambda i: F.linear(x, bfs[i]), copies)
+            r["bf16_gemv_us"] = graph_us(lambda i: gemv(x, bfs[i]), copies)
+            sweep = []
+            for cfg in (ONE_ROW if mrows == 1 else DOT):
+                w4.set_config(cfg)
+                try:
+                    us = graph_us(lambda i: w4.w4a16(x, *packed[i]), copies)
+                    err = (w4.w4a16(x, *packed[0]).float() - ref).abs().max().item()
+                except Exception as e:  # a tile the compiler or the SM cannot take
+                    print(f"  {n}x{k} rows {mrows} {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                    continue
+                sweep.append(dict(cfg, us=us, max_diff=err))
+            w4.set_config(None)
+            best = min(sweep, key=lambda s: s["us"])
+            r["sweep"], r["best"] = sweep, best
+            r["w4a16_us"] = best["us"]
+            r["w4a16_tbps"] = packed_bytes / best["us"] / 1e6
+            r["bf16_tbps"] = n * k * 2 / min(r["bf16_cublas_us"], r["bf16_gemv_us"]) / 1e6
+            rows.append(r)
+            table.setdefault(f"{n}x{k}", {})["1" if mrows == 1 else "16"] = {
+                key: best[key] for key in ("BLOCK_N", "TW", "num_warps", "num_stages")}
+            bf_best = min(r["bf16_cublas_us"], r["bf16_gemv_us"])
+            print(f"{n:>6}x{k:<6} rows {mrows}: bf16 cuBLAS {r['bf16_cublas_us']:6.1f} us, GEMV "
+                  f"{r['bf16_gemv_us']:6.1f} us ({r['bf16_tbps']:.2f} TB/s) | w4a16 {best['us']:6.1f} us "
+                  f"({r['w4a16_tbps']:.2f} TB/s, {bf_best / best['us']:.2f}x) tile {best} ", flush=True)
+        del bfs, packed
+        torch.cuda.empty_cache()
+    with open(table_path, "w") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
+    with open(out_path, "w") as f:
+        json.dump(header({"rows": rows}), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
