@@ -35,7 +35,7 @@ w4a16)
     timeout ${T_PROBE:-240} python3 benchmarks/gpu/w4a16_probe.py "$OUT/w4a16-probe.json" "$OUT/w4a16-table.json" \
         ${PROBE_SHAPES:-6144x4096,4096x4096,28672x4096,4096x14336} 2>&1 | grep -v "^  " | tail -12
     export NEXTOK_W4A16_CONFIGS=$OUT/w4a16-table.json
-    for r in 1 2; do
+    for r in $(seq 1 ${ROUNDS:-2}); do
         step "8B decode step, bf16 (round $r)"; latency bf16-r$r
         step "8B decode step, int4 W4A16 (round $r)"; latency int4-r$r --quantization int4
     done
