@@ -38,7 +38,7 @@ MAX_ROWS = 16
 
 # Four bytes -> their low nibbles and their high nibbles as bfloat16 128 + q (or float16
 # 1024 + q: 0x6400), two to a register.
-_NIBBLES_TO_BF16 = """
+_ASM_BF16 = """
 {
 .reg .b32 t0, t1, u0, u1;
 prmt.b32 t0, $4, 0, 0x4140;
@@ -53,7 +53,8 @@ lop3.b32 $3, u1, 0x000F000F, 0x43004300, 0xEA;
 """
 
 
-_NIBBLES_TO_FP16 = _NIBBLES_TO_BF16.replace("0x43004300", "0x64006400")
+_NIBBLES_TO_BF16 = tl.constexpr(_ASM_BF16)  # (a jitted function reads only constexpr globals)
+_NIBBLES_TO_FP16 = tl.constexpr(_ASM_BF16.replace("0x43004300", "0x64006400"))
 
 
 @triton.jit
