@@ -41,7 +41,7 @@ w4a16)
     done
     ;;
 fp8-kv)
-    for q in bf16 fp8; do
+    for q in ${TP_RUNS:-bf16 fp8}; do
         step "throughput 1000 x 512 -> 256, 8B, $q"
         extra=""; [ $q = fp8 ] && extra="--quantization fp8"
         timeout ${T_TP:-200} python3 -m nextok bench throughput --model $L8B $DUMMY --num-prompts 1000 \
@@ -50,8 +50,10 @@ fp8-kv)
             --output "$OUT/throughput-llama-8b-$q.json" 2>&1 | grep -v "it/s\]" | tail -6
     done
     step KV capacity: 4k-token sequences per cache dtype, one budget
-    timeout ${T_KV:-150} python3 benchmarks/gpu/kv_capacity.py $L8B $TOK "$OUT/kv-capacity.json" 2>&1 \
-        | grep -v Warning | tail -8
+    for kind in auto int8 fp8; do
+        timeout ${T_KV:-100} python3 benchmarks/gpu/kv_capacity.py $L8B $TOK "$OUT/kv-capacity-$kind.json" $kind \
+            2>&1 | grep -v Warning | tail -2
+    done
     ;;
 *)
     echo "usage: $0 w4a16|fp8-kv" >&2
