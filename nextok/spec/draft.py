@@ -70,6 +70,7 @@ class DraftModelProposer:
         self.states: dict[int, _DraftState] = {}  # seq_id -> its draft KV
         self.max_model_len = max_model_len
         self.max_chunk_tokens = max_chunk_tokens
+        self.num_no_room = 0  # proposals skipped because the draft pool was full
 
     @property
     def num_free_blocks(self) -> int:
@@ -130,6 +131,7 @@ class DraftModelProposer:
         state.num_valid, state.drafted = valid, []
         # KV for positions [0, n - 1 + k - 1): the tokens, then every draft but the last
         if not self._reserve(state, n + k - 1):
+            self.num_no_room += 1
             return None
         # The last token is fed even when its KV is valid: its logits give draft 1.
         return _Work(seq.seq_id, tokens, min(valid, n - 1), k, state.block_table)
