@@ -61,8 +61,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-model", default=None, metavar="PATH",
                    help="draft: a smaller model (GGUF file or HF directory) with the same tokenizer")
     g.add_argument("--self-draft-layers", type=int, default=None, metavar="L",
-                   help="self-draft: how many of the model's first layers draft (default: 8, "
-                        "capped at layers - 1)")
+                   help="self-draft: how many of the model's first layers draft (default: all "
+                        "but the last 2)")
     g.add_argument("--draft-num-kv-blocks", type=int, default=None,
                    help="draft / self-draft: blocks in the draft's own KV pool (default: as "
                         "many as the model's)")

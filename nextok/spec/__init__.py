@@ -21,8 +21,14 @@ from nextok.spec.ngram import NgramProposer
 METHODS = ("ngram", "draft", "self-draft")
 MODEL_METHODS = ("draft", "self-draft")  # a model drafts: spec/draft.py
 MAX_SPECULATIVE_TOKENS = 15  # a verify step of one sequence stays within 16 rows
-# self-draft's default depth, of SmolLM2-135M's 30 layers: see SELF_DRAFT_NOTE in BENCHMARKS.md
-SELF_DRAFT_LAYERS = 8
+# self-draft's default depth: all layers but the last SELF_DRAFT_SKIPPED_LAYERS. Measured on
+# SmolLM2-135M (30 layers, not trained to exit early; benchmarks/results/
+# 2026-12-04-spec-cpu-self-draft.md, code, K = 4): acceptance is 1% for L = 4..16, 2% at 20,
+# 10% at 24 and 18% at 28 (21% on edits), so only the last layers make drafts the target keeps.
+# No L pays on that model (TPOT 0.24x-0.40x of no speculation: each draft step costs L layers
+# plus the 49k-row lm_head); 28 is as cheap per token as 8 and the only depth whose drafts count.
+# A model trained for early exit (LayerSkip) should be given its exit layer instead.
+SELF_DRAFT_SKIPPED_LAYERS = 2
 
 
 def check_config(cfg: SpeculativeConfig) -> None:
@@ -58,7 +64,9 @@ def self_draft_layers(cfg: SpeculativeConfig, model: ModelConfig) -> int:
     """The target layers self-draft runs: in [1, num_layers - 1] (all of them would be the
     target itself, at the target's cost)."""
     num = model.num_hidden_layers
-    layers = cfg.self_draft_layers if cfg.self_draft_layers is not None else min(SELF_DRAFT_LAYERS, num - 1)
+    layers = cfg.self_draft_layers
+    if layers is None:
+        layers = max(1, num - SELF_DRAFT_SKIPPED_LAYERS)
     if not 1 <= layers <= num - 1:
         raise NextokError(f"--self-draft-layers must be in [1, {num - 1}] for this {num}-layer "
                           f"model, got {layers}")
