@@ -111,6 +111,24 @@ def test_draft_model_equals_off_mixed_and_preempted(make_llm, refs, tiny_draft_d
     _check_equal_with_preemption(spec, refs)
 
 
+@pytest.mark.parametrize("method", ["draft", "self-draft"])
+def test_metrics_carry_the_method_name(make_llm, tiny_draft_dir, method):
+    pytest.importorskip("prometheus_client")
+    from nextok.server.metrics import ServerMetrics
+    from tests.server.conftest import metric_value
+
+    kw = {"draft_model": tiny_draft_dir} if method == "draft" else {}
+    spec = _spec(make_llm, method, **SMALL_POOL, **kw)  # the engines of the tests above
+    spec.generate(PROMPTS[:2], GREEDY)
+    metrics = ServerMetrics("m")
+    metrics.observe_step([], spec.engine.stats())
+    text = metrics.render().decode()
+    stats = spec.engine.spec_stats
+    assert stats["steps"] > 0
+    assert metric_value(text, "nextok:spec_decode_num_verify_steps_total", method=method) == stats["steps"]
+    assert metric_value(text, "nextok:spec_decode_num_draft_tokens_total", method=method) == stats["proposed"]
+
+
 def test_a_full_draft_pool_only_skips_drafts(make_llm, refs):
     """6 draft blocks (96 tokens) for 20 sequences: most get no draft, output is unchanged."""
     spec = _spec(make_llm, "self-draft", self_draft_layers=4, draft_num_kv_blocks=6)
