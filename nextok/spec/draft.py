@@ -27,9 +27,12 @@ step. Its blocks go back when the engine releases the sequence (finished, aborte
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
+
+log = logging.getLogger("nextok")
 
 
 @dataclass
@@ -71,6 +74,10 @@ class DraftModelProposer:
         self.max_model_len = max_model_len
         self.max_chunk_tokens = max_chunk_tokens
         self.num_no_room = 0  # proposals skipped because the draft pool was full
+        k_cache = self.kv_caches[0][0]
+        mib = 2 * num_layers * k_cache.numel() * k_cache.element_size() / (1 << 20)
+        log.info("%s: %d draft layers, own KV pool of %d blocks (%.0f MiB)", name, num_layers,
+                 num_blocks, mib)
 
     @property
     def num_free_blocks(self) -> int:
