@@ -55,7 +55,17 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="launch each step before the host has collected the previous one "
                         "(auto: on for CUDA, off on CPU)")
     g.add_argument("--speculative", default=None, metavar="METHOD",
-                   help="speculative decoding: ngram (prompt lookup over the request's own tokens)")
+                   help="speculative decoding: ngram (prompt lookup over the request's own "
+                        "tokens), draft (a smaller model: --draft-model) or self-draft (the "
+                        "model's own first layers: --self-draft-layers)")
+    g.add_argument("--draft-model", default=None, metavar="PATH",
+                   help="draft: a smaller model (GGUF file or HF directory) with the same tokenizer")
+    g.add_argument("--self-draft-layers", type=int, default=None, metavar="L",
+                   help="self-draft: how many of the model's first layers draft (default: all "
+                        "but the last 2)")
+    g.add_argument("--draft-num-kv-blocks", type=int, default=None,
+                   help="draft / self-draft: blocks in the draft's own KV pool (default: as "
+                        "many as the model's)")
     g.add_argument("--num-speculative-tokens", type=int, default=4,
                    help="draft tokens proposed per step, at most (1-15)")
     g.add_argument("--ngram-min", type=int, default=1, help="ngram: shortest suffix looked up")

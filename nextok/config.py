@@ -99,6 +99,11 @@ class SpeculativeConfig:
     # code prompts, K = 4, output tok/s off -> ngram): 1: 42 -> 74, 2: 73 -> 66, 4: 105 -> 126,
     # 8: 139 -> 145, 16: 165 -> 197; no crossover up to 16, so it stops there.
     disable_batch_size: int = 16
+    draft_model: str | None = None  # draft: the path of a smaller model with the same tokenizer
+    # self-draft: the target's first layers run as the draft (None: spec.SELF_DRAFT_LAYERS)
+    self_draft_layers: int | None = None
+    # draft / self-draft: blocks in the draft's own KV pool (None: as many as the target's)
+    draft_num_blocks: int | None = None
 
 
 @dataclass(frozen=True)

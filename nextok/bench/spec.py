@@ -1,6 +1,8 @@
 """`nextok bench spec`: speculative decoding against none, in one run (issue 8).
 
     nextok bench spec --methods ngram --workloads code,edit,random --output OUT.json
+    nextok bench spec --methods ngram,self-draft:8,self-draft:20 --workloads code
+    nextok bench spec --methods draft --draft-model PATH
 
 - Latency at concurrency 1, per workload: each prompt runs on the plain engine and on each
   speculating engine in turn (the order alternates from prompt to prompt, so slow periods of a
@@ -27,7 +29,8 @@ from nextok.bench.common import Meter, header, write_json
 
 def add_parser(sub, add_engine_args) -> None:
     p = sub.add_parser("spec", help="speculative decoding vs none: TPOT, latency, acceptance")
-    p.add_argument("--methods", default="ngram", help="comma-separated --speculative methods")
+    p.add_argument("--methods", default="ngram",
+                   help="comma-separated --speculative methods; self-draft:L runs L layers")
     p.add_argument("--workloads", default="code,edit,random")
     p.add_argument("--num-prompts", type=int, default=8, help="per workload")
     p.add_argument("--input-len", type=int, default=256, help="code / random prompt tokens")
@@ -109,10 +112,11 @@ def run(args) -> int:
     methods = [m for m in args.methods.split(",") if m]
     workloads = [w for w in args.workloads.split(",") if w]
     kwargs = engine_kwargs(args)
-    kwargs.pop("speculative", None)
+    for key in ("speculative", *_METHOD_OPTIONS):
+        kwargs.pop(key, None)
     engines = {"off": LLM(**kwargs)}
     for m in methods:  # never turned down: the crossover is what we measure
-        engines[m] = LLM(**{**kwargs, "speculative": m, "speculative_disable_batch_size": 1 << 20})
+        engines[m] = LLM(**{**kwargs, **_method_kwargs(m, args), "speculative_disable_batch_size": 1 << 20})
     tok = engines["off"].get_tokenizer()
     result = {"benchmark": "speculative decoding", "methods": methods,
               "num_speculative_tokens": args.num_speculative_tokens, "workloads": {}}
@@ -152,6 +156,23 @@ def run(args) -> int:
         result["crossover"] = _crossover(engines, tok, sizes, args)
     write_json(args.output, header(result)) if args.output else None
     return 0
+
+
+_METHOD_OPTIONS = ("draft_model", "self_draft_layers", "draft_num_kv_blocks")
+
+
+def _method_kwargs(method: str, args) -> dict:
+    """Engine options of one method: `self-draft:L` is self-draft with L layers; the draft
+    options of the command line go to the methods that take them only."""
+    name, _, layers = method.partition(":")
+    kw = {"speculative": name}
+    if name in ("draft", "self-draft"):
+        kw["draft_num_kv_blocks"] = args.draft_num_kv_blocks
+    if name == "draft":
+        kw["draft_model"] = args.draft_model
+    if name == "self-draft":
+        kw["self_draft_layers"] = int(layers) if layers else args.self_draft_layers
+    return kw
 
 
 def _crossover(engines, tok, sizes, args) -> dict:

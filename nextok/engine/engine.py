@@ -49,7 +49,9 @@ class _Request:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, tokenizer, runner: ModelRunner, num_blocks: int,
-                 max_model_len: int):
+                 max_model_len: int, proposer=None):
+        """proposer: speculative decoding's (spec/), built by the factory; None: built here
+        from config.speculative (ngram needs nothing else)."""
         self.config = config
         self.tokenizer = tokenizer
         self.runner = runner
@@ -64,7 +66,11 @@ class LLMEngine:
         self._inflight = None  # (SchedulerOutput, LaunchedStep) launched but not collected yet
         from nextok.spec import make_proposer
 
-        self.proposer = make_proposer(config.speculative)
+        self.proposer = proposer if proposer is not None else make_proposer(config.speculative)
+        # Bound once: a model proposer drafts for the whole batch in one call and keeps draft
+        # KV per sequence until released; ngram proposes one sequence at a time, statelessly.
+        self._propose_batch = getattr(self.proposer, "propose_batch", None) or self._propose_each
+        self._release_drafts = getattr(self.proposer, "release", None)
         self.spec_stats = {"steps": 0, "proposed": 0, "accepted": 0}  # verify steps' totals
 
     # ---- requests ------------------------------------------------------------------------
@@ -115,7 +121,7 @@ class LLMEngine:
             return False
         for seq in req.seqs:
             self.scheduler.finish(seq, SequenceStatus.FINISHED_ABORTED)
-        self.runner.release(s.seq_id for s in req.seqs)
+        self._release(req.seqs)
         return True
 
     def has_unfinished_requests(self) -> bool:
@@ -131,6 +137,8 @@ class LLMEngine:
             outputs += self._finish_step(*self._inflight)
             self._inflight = None
         sched = self.scheduler.schedule(self._drafts())
+        if sched.preempted and self._release_drafts is not None:
+            self._release_drafts([s.seq_id for s in sched.preempted])  # re-drafted once readmitted
         launched = None
         if not sched.is_empty:
             started = time.monotonic()
@@ -165,14 +173,25 @@ class LLMEngine:
         running = self.scheduler.running
         if self.proposer is None or not running or len(running) > cfg.disable_batch_size:
             return None
+        seqs = [seq for seq in running if seq.num_pending == 0 and self._speculates(seq)
+                and seq.num_tokens - seq.num_computed_tokens == 1]
+        return self._propose_batch(seqs, cfg.num_speculative_tokens) if seqs else {}
+
+    def _propose_each(self, seqs: list[Sequence], k: int) -> dict[int, list[int]]:
         drafts = {}
-        for seq in running:
-            if (seq.num_pending == 0 and seq.num_tokens - seq.num_computed_tokens == 1
-                    and self._speculates(seq)):
-                draft = self.proposer.propose(seq.token_ids, cfg.num_speculative_tokens)
-                if draft:
-                    drafts[seq.seq_id] = draft
+        for seq in seqs:
+            draft = self.proposer.propose(seq.token_ids, k)
+            if draft:
+                drafts[seq.seq_id] = draft
         return drafts
+
+    def _release(self, seqs: list[Sequence]) -> None:
+        """Per-sequence state outside the scheduler goes with the request: the runner's
+        generators, the proposer's draft KV."""
+        ids = [s.seq_id for s in seqs]
+        self.runner.release(ids)
+        if self._release_drafts is not None:
+            self._release_drafts(ids)
 
     def _finish_step(self, sched, launched) -> list[RequestOutput]:
         """Collect a launched step's tokens; detokenize, check stops, build outputs."""
@@ -214,7 +233,7 @@ class LLMEngine:
             if req.finished:
                 req.metrics["finished"] = now
                 del self.requests[req.request_id]
-                self.runner.release(s.seq_id for s in req.seqs)
+                self._release(req.seqs)
                 outputs.append(self._output(req))
             elif req.stream:
                 outputs.append(self._output(req))

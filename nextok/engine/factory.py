@@ -50,11 +50,14 @@ class EngineArgs:
     quantization: str | None = None  # None | int8 | int4 (nextok/quant/)
     quant_group_size: int = 128
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | int8 | fp8 (attention/kv_quant.py)
-    speculative: str | None = None  # None | ngram (nextok/spec/)
+    speculative: str | None = None  # None | ngram | draft | self-draft (nextok/spec/)
     num_speculative_tokens: int = 4
     ngram_min: int = 1
     ngram_max: int = 4
     speculative_disable_batch_size: int = 16
+    draft_model: str | None = None
+    self_draft_layers: int | None = None
+    draft_num_kv_blocks: int | None = None
     download: bool = True
 
 
@@ -82,6 +85,16 @@ def create_engine(args: EngineArgs):
     model_class(model_config.architecture)  # unsupported architecture: fail before loading
     tokenizer = _load_tokenizer(args.tokenizer or ckpt.path, ckpt.format)
     model_config = _with_tokenizer_eos(model_config, tokenizer)
+    spec = _speculative_config(args)
+    draft = None
+    if spec.method == "draft":  # its config and tokenizer are checked before any weights load
+        from nextok.spec.draft_model import open_draft
+
+        draft = open_draft(args.draft_model, path, model_config, tokenizer)
+    elif spec.method == "self-draft":
+        from nextok.spec import self_draft_layers
+
+        self_draft_layers(spec, model_config)  # in range for this model
 
     max_len = min(args.max_model_len or model_config.max_position_embeddings,
                   model_config.max_position_embeddings)
@@ -103,7 +116,7 @@ def create_engine(args: EngineArgs):
         enforce_eager=args.enforce_eager, cuda_graph_max_batch=args.cuda_graph_max_batch,
         async_scheduling=_async_scheduling(args.async_scheduling, device),
         quantization=args.quantization, quant_group_size=args.quant_group_size,
-        speculative=_speculative_config(args))
+        speculative=spec)
     weights = None if ckpt.format == "dummy" else ckpt.weights()
     runner = ModelRunner(config, weights, max_len, ckpt.blocks)
     num_blocks = _num_blocks(config, runner)
@@ -113,7 +126,10 @@ def create_engine(args: EngineArgs):
     log.info("model %s (%s) on %s in %s; KV pool %d blocks of %d tokens; context %d",
              os.path.basename(path), model_config.architecture, device, dtype, num_blocks,
              args.block_size, max_len)
-    return LLMEngine(config, tokenizer, runner, num_blocks, max_len)
+    from nextok.spec import make_proposer
+
+    proposer = make_proposer(spec, runner, num_blocks, max_len, draft)
+    return LLMEngine(config, tokenizer, runner, num_blocks, max_len, proposer)
 
 
 def _async_scheduling(mode: str, device: str) -> bool:
@@ -164,7 +180,8 @@ def _attention_backend(name: str, device: str, kv_cache_dtype: str = "auto") -> 
 
 def _speculative_config(args: EngineArgs) -> SpeculativeConfig:
     return SpeculativeConfig(args.speculative, args.num_speculative_tokens, args.ngram_min,
-                             args.ngram_max, args.speculative_disable_batch_size)
+                             args.ngram_max, args.speculative_disable_batch_size, args.draft_model,
+                             args.self_draft_layers, args.draft_num_kv_blocks)
 
 
 def _check_args(args: EngineArgs) -> None:

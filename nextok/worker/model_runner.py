@@ -131,15 +131,21 @@ class ModelRunner:
         elem = torch.tensor([], dtype=dtype).element_size()
         return 2 * mc.num_hidden_layers * self.block_size * mc.num_key_value_heads * row * elem
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
+    def new_kv_caches(self, num_blocks: int, num_layers: int | None = None) -> list:
+        """(K, V) pools of num_blocks blocks for the first num_layers layers (default: all), in
+        this runner's layout and cache dtype. Also a draft model's own pool (spec/draft.py)."""
         mc = self.config.model
         dtype, row = self._kv_row()
         shape = self.backend.kv_cache_shape(num_blocks, self.block_size, mc.num_key_value_heads, row)
         # Zeroed, not empty: padded slots are masked, but 0 * NaN garbage would still poison SDPA.
         # (A zero row of a quantized cache has scale 0: it dequantizes to zeros.)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
-                           torch.zeros(shape, dtype=dtype, device=self.device))
-                          for _ in range(mc.num_hidden_layers)]
+        return [(torch.zeros(shape, dtype=dtype, device=self.device),
+                 torch.zeros(shape, dtype=dtype, device=self.device))
+                for _ in range(mc.num_hidden_layers if num_layers is None else num_layers)]
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        mc = self.config.model
+        self.kv_caches = self.new_kv_caches(num_blocks)
         cfg = self.config
         if (self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager
                 and cfg.cuda_graph_max_batch > 0):
@@ -268,6 +274,35 @@ class ModelRunner:
                 "tables": self._host(padded).view(len(padded), max_blocks),
                 "lens": self._host(decode_lens)}
         return host, prefills, sample_rows, sample_items, pending, verify
+
+    def chunk_inputs(self, chunks: list[tuple[list[int], int, list[int]]]):
+        """The inputs of a model run outside the scheduler's steps (a draft model's, spec/draft.py),
+        laid out as `_prepare` lays out a step: chunks of (token ids, position of the first, block
+        table). -> device ids [T], positions [T], AttentionMetadata, and the row of each chunk's
+        last token, in the order of `chunks` (single-token chunks go first in the rows)."""
+        bs = self.block_size
+        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i][0]) != 1)
+        ids, pos, slots, tables, lens, prefills = [], [], [], [], [], []
+        last_rows = [0] * len(chunks)
+        for i in order:
+            tokens, start, table = chunks[i]
+            n = len(tokens)
+            q_start = len(ids)
+            ids += tokens
+            pos += range(start, start + n)
+            slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+            if n == 1:
+                tables.append(table)
+                lens.append(start + 1)
+            else:
+                prefills.append(PrefillChunk(q_start, n, start + n, self._host(table[:-(-(start + n) // bs)])))
+            last_rows[i] = len(ids) - 1
+        max_blocks = max((-(-n // bs) for n in lens), default=0)
+        padded = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in tables]
+        host = {"ids": self._host(ids), "pos": self._host(pos), "slots": self._host(slots),
+                "tables": self._host(padded).view(len(padded), max_blocks), "lens": self._host(lens)}
+        positions, meta = self._device_inputs(host, prefills)
+        return host["ids"].to(self.device, non_blocking=True), positions, meta, last_rows
 
     def _host(self, values: list) -> torch.Tensor:
         t = torch.tensor(values, dtype=torch.long)
