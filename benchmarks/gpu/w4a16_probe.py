@@ -25,12 +25,14 @@ sys.path.insert(0, os.getcwd())
 from nextok.bench.common import header  # noqa: E402
 from nextok.kernels.triton import w4a16 as w4  # noqa: E402
 from nextok.kernels.triton.gemv import gemv  # noqa: E402
-from nextok.quant.int4 import dequantize_groups, pack_planes, quantize_groups  # noqa: E402
+from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # noqa: E402
 
 DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336,4608x3584,3584x3584,37888x3584,3584x18944"
 CALLS = 24
-TILES = [dict(BLOCK_N=bn, TB=tb, num_warps=nw, num_stages=ns)
-         for bn, tb, nw, ns in itertools.product((16, 32, 64, 128), (32, 64, 128), (4, 8), (2, 3, 4))]
+ONE_ROW = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=ns)
+           for bn, tw, nw, ns in itertools.product((8, 16, 32), (64, 128, 256), (4, 8), (2, 3, 4))]
+DOT = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=ns)
+       for bn, tw, nw, ns in itertools.product((16, 32, 64), (16, 32, 64), (4, 8), (2, 3))]
 
 
 def graph_us(fn, copies: int) -> float:
@@ -67,9 +69,9 @@ def main() -> int:
         bf = w.to(torch.bfloat16)
         copies = max(2, -(-400 * 2**20 // (n * k * 2)))  # bf16 copies over 400 MB
         bfs = [bf.clone() for _ in range(copies)]
-        planes = pack_planes(q)
-        packed = [(planes.clone(), d.clone(), m.clone()) for _ in range(copies)]
-        packed_bytes = planes.numel() + d.numel() * 2 + m.numel() * 2
+        words = pack_words(q)
+        packed = [(words.clone(), d.clone(), m.clone()) for _ in range(copies)]
+        packed_bytes = words.numel() * 4 + d.numel() * 2 + m.numel() * 2
         ref_w = dequantize_groups(q, d, m)
         del w, q
         for mrows in (1, 8):
@@ -79,7 +81,7 @@ def main() -> int:
             r["bf16_cublas_us"] = graph_us(lambda i: F.linear(x, bfs[i]), copies)
             r["bf16_gemv_us"] = graph_us(lambda i: gemv(x, bfs[i]), copies)
             sweep = []
-            for cfg in TILES:
+            for cfg in (ONE_ROW if mrows == 1 else DOT):
                 w4.set_config(cfg)
                 try:
                     us = graph_us(lambda i: w4.w4a16(x, *packed[i]), copies)
@@ -96,7 +98,7 @@ def main() -> int:
             r["bf16_tbps"] = n * k * 2 / min(r["bf16_cublas_us"], r["bf16_gemv_us"]) / 1e6
             rows.append(r)
             table.setdefault(f"{n}x{k}", {})["1" if mrows == 1 else "16"] = {
-                key: best[key] for key in ("BLOCK_N", "TB", "num_warps", "num_stages")}
+                key: best[key] for key in ("BLOCK_N", "TW", "num_warps", "num_stages")}
             bf_best = min(r["bf16_cublas_us"], r["bf16_gemv_us"])
             print(f"{n:>6}x{k:<6} rows {mrows}: bf16 cuBLAS {r['bf16_cublas_us']:6.1f} us, GEMV "
                   f"{r['bf16_gemv_us']:6.1f} us ({r['bf16_tbps']:.2f} TB/s) | w4a16 {best['us']:6.1f} us "

@@ -7,11 +7,10 @@ rounded to float16 first, so every path holds the same dequantized weights.
 
 - CPU, float32: GGUF Q4_1 blocks (float16 d and m, 16 bytes of nibbles per 32 weights) with the
   group's d and m in each of its blocks, run through the GGUF block kernels: 5 bits per weight.
-- Elsewhere: q packed two to a byte in two planes, uint8 [out, in / 2], byte t holding column t
-  (low nibble) and column in / 2 + t (high), with d and m [out, groups]. On CUDA steps of up to
-  16 rows run the Triton W4A16 kernel (kernels/triton/w4a16.py), which dequantizes on the way
-  into tensor-core matmuls; bigger steps (and other devices) dequantize the weight once per call
-  and run a dense matmul.
+- Elsewhere: q packed eight to an int32 word, [out, in / 8], column 8j + i in bits 4i .. 4i + 3
+  of word j, with d and m [out, groups]. On CUDA steps of up to 16 rows run the Triton W4A16
+  kernel (kernels/triton/w4a16.py), which dequantizes in registers; bigger steps (and other
+  devices) dequantize the weight once per call and run a dense matmul.
 """
 from __future__ import annotations
 
@@ -56,14 +55,18 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.cat([b & 0xF, b >> 4], dim=2).reshape(out, 2 * half)
 
 
-def pack_planes(q: torch.Tensor) -> torch.Tensor:
-    """q uint8 [out, in] in 0..15 -> [out, in / 2]: byte t = q[t] | q[in / 2 + t] << 4."""
-    half = q.shape[1] // 2
-    return (q[:, :half] | (q[:, half:] << 4)).contiguous()
+def pack_words(q: torch.Tensor) -> torch.Tensor:
+    """q uint8 [out, in] in 0..15 -> int32 [out, in / 8]: word j = sum_i q[8j + i] << 4i."""
+    out, k = q.shape
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=q.device)
+    words = (q.view(out, k // 8, 8).to(torch.int64) << shifts).sum(dim=2)  # < 2^32
+    return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
 
 
-def unpack_planes(packed: torch.Tensor) -> torch.Tensor:
-    return torch.cat([packed & 0xF, packed >> 4], dim=1)
+def unpack_words(words: torch.Tensor) -> torch.Tensor:
+    out, kw = words.shape
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=words.device)
+    return ((words.unsqueeze(2) >> shifts) & 0xF).to(torch.uint8).view(out, kw * 8)
 
 
 def q4_1_blocks(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -89,12 +92,12 @@ class Int4Linear(nn.Module):
     def __init__(self, q, d, m, bias):
         super().__init__()
         self.out_features, self.in_features = q.shape
-        for name, t in (("qweight", pack_planes(q)), ("scales", d), ("mins", m)):
+        for name, t in (("qweight", pack_words(q)), ("scales", d), ("mins", m)):
             self.register_buffer(name, t)
         self.bias = bias
-        # the kernel's tiles take planes of whole groups of a power of two (others: torch)
-        group, half = self.in_features // d.shape[1], self.in_features // 2
-        self._kernel_ok = group >= 32 and group & (group - 1) == 0 and half % group == 0
+        group = self.in_features // d.shape[1]
+        # the kernel's tiles take groups of a power of two (others: the torch path)
+        self._kernel_ok = group >= 32 and group & (group - 1) == 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
@@ -104,7 +107,7 @@ class Int4Linear(nn.Module):
 
             return w4a16(x if x.stride(-1) == 1 else x.contiguous(), self.qweight, self.scales,
                          self.mins, bias)
-        w = dequantize_groups(unpack_planes(self.qweight), self.scales, self.mins).to(x.dtype)
+        w = dequantize_groups(unpack_words(self.qweight), self.scales, self.mins).to(x.dtype)
         return nn.functional.linear(x, w, bias)
 
     def extra_repr(self) -> str:
