@@ -16,20 +16,24 @@ _c_ptr, _c_int, _c_float = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
 
 def load_paged_decode():
-    """The kernel's entry point, or None where it cannot be built (then use the torch path)."""
+    """The kernel's entry points {dtype: fn} (float32, bfloat16), or None where it cannot be
+    built (then use the torch path)."""
     lib = cpu_build.load("paged_decode")
     if lib is None:
         return None
-    fn = lib.paged_decode_f32
-    fn.restype = _c_int
-    fn.argtypes = [_c_ptr] * 6 + [_c_int] * 6 + [_c_float, _c_int, _c_int]
-    return fn
+    fns = {torch.float32: lib.paged_decode_f32, torch.bfloat16: lib.paged_decode_bf16}
+    for fn in fns.values():
+        fn.restype = _c_int
+        fn.argtypes = [_c_ptr] * 6 + [_c_int] * 6 + [_c_float, _c_int, _c_int]
+    return fns
 
 
-def paged_decode(fn, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def paged_decode(fns, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                  window: int | None) -> torch.Tensor:
-    """q: [B, H, D] float32 -> [B, H, D]; caches [N, bs, KVH, D]; tables [B, nb]; lens [B]."""
+    """q: [B, H, D] float32 or bfloat16 (the caches' dtype) -> [B, H, D]; caches [N, bs, KVH, D];
+    tables [B, nb]; lens [B]. fns: load_paged_decode()'s."""
+    fn = fns[q.dtype]
     b, h, d = q.shape
     q = q.contiguous()
     out = torch.empty_like(q)
@@ -39,5 +43,5 @@ def paged_decode(fn, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             lens.data_ptr(), out.data_ptr(), b, h, k_cache.shape[2], d, k_cache.shape[1],
             tables.shape[1], scale, window or 0, torch.get_num_threads())
     if rc != 0:
-        raise RuntimeError("paged_decode_f32 failed (more than 256 heads, or no memory)")
+        raise RuntimeError("paged_decode failed (more than 256 heads, or no memory)")
     return out

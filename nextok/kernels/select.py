@@ -10,12 +10,12 @@ log = logging.getLogger("nextok")
 
 def fused_ops_for(device: torch.device, dtype: torch.dtype):
     """The `fused` object for RMSNorm, Attention and SwiGLU (interface: kernels/ref.py):
-    - CPU, float32: the C kernels (kernels/cpu_fused.py), when a compiler builds them;
+    - CPU, float32 or bfloat16: the C kernels (kernels/cpu_fused.py), when a compiler builds them;
     - CUDA, any dtype: the Triton kernels (kernels/triton/fused.py), when triton imports;
     - else None: the layers run their inline torch ops (the same numerics as RefFusedOps)."""
     device = torch.device(device)
     if device.type == "cpu":
-        if dtype != torch.float32:
+        if dtype not in (torch.float32, torch.bfloat16):
             return None
         from nextok.kernels.cpu_fused import load_fused_ops
 

@@ -106,7 +106,8 @@ class ModelRunner:
         return load_gguf_matmul(self.config.gguf_activations) is not None
 
     def _cpu_decode_kernel(self):
-        if self.device.type != "cpu" or self.dtype != torch.float32 or not self.config.cpu_kernels:
+        if (self.device.type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16)
+                or not self.config.cpu_kernels):
             return None
         if self.config.cache.kv_cache_dtype != "auto":  # the C kernel reads float32 caches
             return None

@@ -1,4 +1,4 @@
-"""The C paged-decode kernel == the torch reference (gather + masked SDPA), float32."""
+"""The C paged-decode kernel == the torch reference (gather + masked SDPA), float32 and bfloat16."""
 from __future__ import annotations
 
 import pytest
@@ -23,7 +23,8 @@ def reference(q, kc, vc, tables, lens, scale, window):
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 4, 32), (8, 2, 128), (6, 1, 16)])
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("window", [None, 5])
-def test_matches_reference(heads, kv_heads, head_dim, block_size, window):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_reference(heads, kv_heads, head_dim, block_size, window, dtype):
     gen = torch.Generator().manual_seed(heads * 100 + block_size)
     num_blocks, batch = 600, 7
     kc = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
@@ -36,10 +37,17 @@ def test_matches_reference(heads, kv_heads, head_dim, block_size, window):
     for i, n in enumerate(lens.tolist()):
         tables[i, -(-n // block_size):] = 0
     q = torch.randn(batch, heads, head_dim, generator=gen)
+    q, kc, vc = q.to(dtype), kc.to(dtype), vc.to(dtype)
     scale = head_dim ** -0.5
     got = paged_decode(KERNEL, q, kc, vc, tables, lens, scale, window)
-    want = reference(q, kc, vc, tables, lens, scale, window)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got.dtype == dtype
+    if dtype == torch.float32:
+        want = reference(q, kc, vc, tables, lens, scale, window)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:  # float32 math on the bf16 values, rounded once at the end: off by one bf16 step at most
+        want = reference(q.float(), kc.float(), vc.float(), tables, lens, scale, window).to(dtype)
+        torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-4)
+        assert (got != want).float().mean() < 0.01
 
 
 def test_non_contiguous_query():

@@ -50,3 +50,29 @@ def test_rope_rotates_q_and_k_heads_in_place_and_leaves_v(rows):
     OPS.rope_neox(qkv, heads + kv_heads, d, cos, sin)
     torch.testing.assert_close(qkv[:, :(heads + kv_heads) * d].view_as(expect), expect, rtol=1e-6, atol=1e-6)
     assert torch.equal(qkv[:, (heads + kv_heads) * d:], v_before)
+
+
+@pytest.mark.parametrize("rows", [1, 40])
+def test_bfloat16_kernels_round_where_the_torch_ops_do(rows):
+    """bfloat16: the torch path op for op (kernels/ref.py), to within one bf16 rounding of the
+    norm (its statistics are summed in another order) and none elsewhere."""
+    from nextok.kernels.ref import RefFusedOps
+
+    ref, bf = RefFusedOps(), torch.bfloat16
+    gen = torch.Generator().manual_seed(rows)
+    x, res, w = (torch.randn(rows, 576, generator=gen).to(bf), torch.randn(rows, 576, generator=gen).to(bf),
+                 torch.randn(576, generator=gen).to(bf))
+    out, new_res = OPS.add_rms_norm(x, res.clone(), w, 1e-5)
+    want, want_res = ref.add_rms_norm(x, res, w, 1e-5)
+    assert new_res.dtype == out.dtype == bf and torch.equal(new_res, want_res)
+    torch.testing.assert_close(out, want, rtol=2 ** -7, atol=1e-2)
+    assert (out != want).float().mean() < 0.02
+    gate_up = (torch.randn(rows, 2 * 96, generator=gen) * 6).to(bf)
+    assert torch.equal(OPS.silu_mul(gate_up), ref.silu_mul(gate_up))
+    qkv = torch.randn(rows, 10 * 64, generator=gen).to(bf)
+    angles = torch.rand(rows, 32, generator=gen) * 50
+    cos, sin = angles.cos().to(bf), angles.sin().to(bf)
+    want_qkv = qkv.clone()
+    ref.rope_neox(want_qkv, 8, 64, cos, sin)
+    OPS.rope_neox(qkv, 8, 64, cos, sin)
+    assert torch.equal(qkv, want_qkv)

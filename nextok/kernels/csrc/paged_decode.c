@@ -1,4 +1,4 @@
-/* Paged decode attention on CPU, float32: one query token per sequence, keys and values read
+/* Paged decode attention on CPU, float32 and bfloat16: one query token per sequence, keys and values read
  * straight from the paged KV pool (no gathered copy, each K/V row read once).
  *
  * Layouts (as nextok/attention/base.py):
@@ -137,6 +137,80 @@ int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
             one_group(q + (int64_t)b * H * D, k_cache, v_cache,
                       block_tables + (int64_t)b * max_blocks, context_lens[b],
                       out + (int64_t)b * H * D, scores, H, KVH, kvh, D, bs, scale, window);
+        }
+        free(scores);
+    }
+    return failed ? -1 : 0;
+}
+
+/* bfloat16 (raw uint16_t bits) q, caches and out: each K and V row is widened to float32 once
+ * (for all G heads that read it), the math is the float32 kernel's, out rounds to bfloat16 at
+ * the end (as torch's bf16 SDPA, which also accumulates in float32). */
+static inline void widen(const uint16_t *src, float *dst, int d) {
+    for (int i = 0; i < d; i++) {
+        union { uint32_t u; float f; } v = {.u = (uint32_t)src[i] << 16};
+        dst[i] = v.f;
+    }
+}
+
+static void one_group_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                           const int64_t *table, int64_t len, uint16_t *out, float *scores,
+                           int H, int KVH, int kvh, int D, int bs, float scale, int window) {
+    const int G = H / KVH, h0 = kvh * G;
+    const int64_t start = (window > 0 && len > window) ? len - window : 0;
+    const int64_t n = len - start;
+    const int64_t row = (int64_t)KVH * D;
+    float qf[G * D], acc[G * D], kv[D];
+    float maxs[256];
+    widen(q + (int64_t)h0 * D, qf, G * D);
+    for (int g = 0; g < G; g++) maxs[g] = -INFINITY;
+    for (int64_t t = start; t < len; t++) {
+        widen(k_cache + (table[t / bs] * bs + t % bs) * row + (int64_t)kvh * D, kv, D);
+        for (int g = 0; g < G; g++) {
+            float sc = dot(qf + (int64_t)g * D, kv, D) * scale;
+            scores[g * n + (t - start)] = sc;
+            if (sc > maxs[g]) maxs[g] = sc;
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        float *sg = scores + g * n;
+        const float inv = 1.f / exp_sub_sum(sg, n, maxs[g]);
+        for (int64_t i = 0; i < n; i++) sg[i] *= inv;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)G * D);
+    for (int64_t t = start; t < len; t++) {
+        widen(v_cache + (table[t / bs] * bs + t % bs) * row + (int64_t)kvh * D, kv, D);
+        for (int g = 0; g < G; g++) axpy(acc + (int64_t)g * D, scores[g * n + (t - start)], kv, D);
+    }
+    for (int i = 0; i < G * D; i++) {  /* round to nearest even */
+        union { float f; uint32_t u; } v = {.f = acc[i]};
+        out[(int64_t)h0 * D + i] = (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+    }
+}
+
+int paged_decode_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                      const int64_t *block_tables, const int64_t *context_lens, uint16_t *out,
+                      int B, int H, int KVH, int D, int bs, int max_blocks, float scale,
+                      int window, int num_threads) {
+    if (H > 256 || KVH <= 0 || H % KVH || D > 1024) return -1;
+    int64_t max_len = 1;
+    for (int b = 0; b < B; b++) if (context_lens[b] > max_len) max_len = context_lens[b];
+    const int G = H / KVH;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)G * (size_t)max_len);
+        if (!scores) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < B * KVH; task++) {
+            if (!scores) continue;
+            const int b = task / KVH, kvh = task % KVH;
+            one_group_bf16(q + (int64_t)b * H * D, k_cache, v_cache,
+                           block_tables + (int64_t)b * max_blocks, context_lens[b],
+                           out + (int64_t)b * H * D, scores, H, KVH, kvh, D, bs, scale, window);
         }
         free(scores);
     }
