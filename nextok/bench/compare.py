@@ -136,7 +136,7 @@ def ratio_table(runs: list[dict], workloads: list[Workload], peer_name: str = "l
 def markdown(result: dict) -> str:
     h = result
     peer = h.get("peer", "llama.cpp")
-    title = "llama.cpp llama-server" if peer == "llama.cpp" else f"{peer} (`nextok serve {' '.join(h['peer_argv'][3:])}`)"
+    title = "llama.cpp llama-server" if peer == "llama.cpp" else f"{peer} (`nextok {' '.join(h['peer_argv'][3:])}`)"
     lines = [f"# nextok vs {title} ({h['time_utc'][:10]})", "",
              f"Machine: {common.machine_line(h['machine'])}", f"Commit: {h['commit']}{' (dirty)' if h['dirty'] else ''}",
              f"Command: `{h['command']}`",

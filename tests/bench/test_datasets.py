@@ -75,6 +75,27 @@ def test_compare_table_is_the_median_of_per_pair_ratios():
     assert table["TTFT P50 ms"]["ratio_median"] == pytest.approx(0.5)  # 0.25, 0.5, 1.0
 
 
+def test_compare_against_a_second_nextok_names_it_as_the_peer():
+    from nextok.bench.compare import markdown
+
+    w = Workload("random", 8, 8, 1, 1)
+    summary = {"output_throughput": 50.0, "request_throughput": 1.0, "duration_s": 1.0, "completed": 1,
+               "failed": 0, **{k: {"median": 5.0, "p99": 5.0} for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")}}
+    runs = [{"server": "nextok", "workload": w.name, "summary": dict(summary, output_throughput=60.0)},
+            {"server": "nextok-baseline", "workload": w.name, "summary": summary},
+            {"server": "llama.cpp", "workload": w.name, "summary": dict(summary, output_throughput=1.0)}]
+    tput = {r["figure"]: r for r in ratio_table(runs, [w], "nextok-baseline")}["output tok/s"]
+    assert tput["ratio_median"] == pytest.approx(1.2) and tput["pairs"] == 1  # llama.cpp's run ignored
+    argv = ["python", "-m", "nextok", "serve", "--dtype", "bfloat16", "--no-gguf-blocks"]
+    result = {"time_utc": "2026-12-04T00:00:00Z", "machine": {}, "commit": "abc", "dirty": False,
+              "command": "nextok bench compare", "model": "m.gguf", "threads": 2, "parallel": 4,
+              "peer": "nextok-baseline", "peer_argv": argv, "table": ratio_table(runs, [w], "nextok-baseline"),
+              "runs": [dict(r, server_cpu_s=0, other_processes_cpu_s=0, steal_s=0) for r in runs[:2]]}
+    md = markdown(result)
+    assert "nextok vs nextok-baseline (`nextok serve --dtype bfloat16 --no-gguf-blocks`)" in md
+    assert "| workload | figure | nextok | nextok-baseline |" in md
+
+
 def test_compare_plots_are_pngs_per_workload_and_figure(tmp_path):
     from nextok.bench import plots
 

@@ -83,5 +83,20 @@ def test_bad_activations_are_refused(model_path):
     from nextok import LLM
     from nextok.errors import NextokError
 
-    with pytest.raises(NextokError, match="--gguf-activations must be int8 or float32"):
+    with pytest.raises(NextokError, match="--gguf-activations must be auto, int8 or float32"):
         LLM(model=model_path, gguf_activations="int4")
+
+
+def test_bfloat16_model_reads_int8_blocks_up_to_8_rows_and_parts_only_at_near_ties(model_path):
+    """On a bfloat16 model `auto` picks int8 block activations beside the bf16 dense layers,
+    which take steps of more than 8 rows; greedy output leaves the dense bf16 model's only at
+    near-ties."""
+    from nextok import LLM
+
+    blocks = LLM(model=model_path, dtype="bfloat16", kv_cache_memory=64 << 20)
+    dense = LLM(model=model_path, dtype="bfloat16", gguf_blocks=False, kv_cache_memory=64 << 20)
+    layers = [m for m in blocks.engine.runner.model.modules() if isinstance(m, BlockOrDenseLinear)]
+    assert len(layers) == 30 * 4 + 1
+    assert all(m.blocks.activations == "int8" and m.max_rows == 8 for m in layers)
+    ref = generate(dense, PROMPTS[:6], max_tokens=16, logprobs=5)
+    assert_partings_are_near_ties(ref, generate(blocks, PROMPTS[:6], max_tokens=16))
