@@ -55,11 +55,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="launch each step before the host has collected the previous one "
                         "(auto: on for CUDA, off on CPU)")
     g.add_argument("--speculative", default=None, metavar="METHOD",
-                   help="speculative decoding: ngram (prompt lookup over the request's own tokens)")
+                   help="speculative decoding: ngram (prompt lookup over the request's own tokens) "
+                        "or medusa (heads on the model's last hidden state: --medusa-heads)")
     g.add_argument("--num-speculative-tokens", type=int, default=4,
                    help="draft tokens proposed per step, at most (1-15)")
     g.add_argument("--ngram-min", type=int, default=1, help="ngram: shortest suffix looked up")
     g.add_argument("--ngram-max", type=int, default=4, help="ngram: longest suffix looked up")
+    g.add_argument("--medusa-heads", default=None, metavar="PATH",
+                   help="medusa: heads written by `nextok train medusa` (the file or its directory); "
+                        "drafts per step: the number of heads, or --num-speculative-tokens if fewer")
     g.add_argument("--speculative-disable-batch-size", type=int, default=16,
                    help="propose only while at most this many sequences run")
     g.add_argument("--gguf-blocks-only", dest="gguf_dense_copy", action="store_false",
@@ -179,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     from nextok.eval import ppl
 
     ppl.add_parser(sub, add_engine_args)
+    from nextok.spec import medusa_train
+
+    medusa_train.add_parser(sub)
     return parser
 
 

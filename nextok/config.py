@@ -99,6 +99,7 @@ class SpeculativeConfig:
     # code prompts, K = 4, output tok/s off -> ngram): 1: 42 -> 74, 2: 73 -> 66, 4: 105 -> 126,
     # 8: 139 -> 145, 16: 165 -> 197; no crossover up to 16, so it stops there.
     disable_batch_size: int = 16
+    medusa_heads: str | None = None  # medusa: the heads file (or its directory), spec/medusa_heads.py
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ class LLMEngine:
         self._inflight = None  # (SchedulerOutput, LaunchedStep) launched but not collected yet
         from nextok.spec import make_proposer
 
-        self.proposer = make_proposer(config.speculative)
+        self.proposer = make_proposer(config.speculative, runner.model)
         self.spec_stats = {"steps": 0, "proposed": 0, "accepted": 0}  # verify steps' totals
 
     # ---- requests ------------------------------------------------------------------------
@@ -165,18 +165,16 @@ class LLMEngine:
         running = self.scheduler.running
         if self.proposer is None or not running or len(running) > cfg.disable_batch_size:
             return None
-        drafts = {}
-        for seq in running:
-            if (seq.num_pending == 0 and seq.num_tokens - seq.num_computed_tokens == 1
-                    and self._speculates(seq)):
-                draft = self.proposer.propose(seq.token_ids, cfg.num_speculative_tokens)
-                if draft:
-                    drafts[seq.seq_id] = draft
-        return drafts
+        decoding = [seq for seq in running if seq.num_pending == 0 and self._speculates(seq)
+                    and seq.num_tokens - seq.num_computed_tokens == 1]
+        proposals = self.proposer.propose_batch(decoding, cfg.num_speculative_tokens)
+        return {seq.seq_id: draft for seq, draft in zip(decoding, proposals) if draft}
 
     def _finish_step(self, sched, launched) -> list[RequestOutput]:
         """Collect a launched step's tokens; detokenize, check stops, build outputs."""
         model_out = self.runner.collect(launched)
+        if model_out.hidden is not None:  # a proposer that drafts from hidden states (medusa)
+            self.proposer.observe(model_out.hidden)
         # A sequence that ended (or was aborted) after this step was launched drops its token.
         live = [it.seq for it in sched.scheduled if it.samples and not it.seq.is_finished]
         for it in sched.scheduled:

@@ -13,6 +13,9 @@ class NgramProposer:
     def __init__(self, n_min: int = 1, n_max: int = 4):
         self.n_min, self.n_max = n_min, n_max
 
+    def propose_batch(self, seqs: list, k: int) -> list[list[int]]:
+        return [self.propose(seq.token_ids, k) for seq in seqs]
+
     def propose(self, token_ids: list[int], k: int) -> list[int]:
         """Up to k tokens that followed the most recent earlier occurrence of the longest suffix
         of token_ids (n_max tokens down to n_min) that occurred before; [] when none did."""
