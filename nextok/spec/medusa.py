@@ -26,31 +26,28 @@ class MedusaProposer:
     def __init__(self, heads, model):
         self.heads = heads
         self.model = model  # the target: its compute_logits projects "shared" heads
-        # seq_id -> (position of the row, its hidden state [hidden]); only the newest per sequence
+        # seq_id -> (position of the row, its hidden state [hidden]) of the last step's sequences
         self._hidden: dict[int, tuple[int, torch.Tensor]] = {}
 
     @classmethod
     def load(cls, path: str, model) -> "MedusaProposer":
         heads = load_heads(path, model)
-        log.info("medusa: %d heads (%s projection) from %s", heads.num_heads, heads.projection, path)
+        log.info("medusa: %d heads (%s projection) from %s; drafts per step: the heads' count or "
+                 "--num-speculative-tokens, whichever is smaller", heads.num_heads, heads.projection, path)
         return cls(heads, model)
 
-    @property
-    def max_tokens(self) -> int:
-        return self.heads.num_heads
-
     def observe(self, hidden) -> None:
-        """hidden: a step's LastHidden (seq ids, positions, rows [N, hidden])."""
-        for i, (sid, pos) in enumerate(zip(hidden.seq_ids, hidden.positions)):
-            self._hidden[sid] = (pos, hidden.rows[i])
+        """hidden: a step's LastHidden (seq ids, positions, rows [N, hidden]). Replaces the last
+        step's: a sequence decodes next only if it got a token now (one that sat this step out
+        loses a draft, not correctness), and rows of ended sequences are never kept."""
+        self._hidden = {sid: (pos, hidden.rows[i])
+                        for i, (sid, pos) in enumerate(zip(hidden.seq_ids, hidden.positions))}
 
     @torch.inference_mode()
     def propose_batch(self, seqs: list, k: int) -> list[list[int]]:
         """Up to k drafts for each sequence (whose next step decodes its newest token): the heads'
         argmaxes from the hidden state of the token before it; [] if that state is not known
-        (e.g. the sequence sat out the step that computed it)."""
-        live = {s.seq_id for s in seqs}
-        self._hidden = {sid: v for sid, v in self._hidden.items() if sid in live}  # drop ended ones
+        (the sequence sat out the last step)."""
         rows, which = [], []
         for i, seq in enumerate(seqs):
             entry = self._hidden.get(seq.seq_id)
