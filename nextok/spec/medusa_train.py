@@ -35,6 +35,7 @@ from nextok.errors import NextokError
 from nextok.spec.medusa_heads import MedusaHeads, base_identity
 
 LOSS_DECAY = 0.8  # head i's loss weight: LOSS_DECAY ** i
+GENERATE_BATCH = 32  # --generate: continuations written together (the KV pool holds them)
 
 
 def add_parser(sub) -> None:
@@ -56,6 +57,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seq-len", type=int, default=256, help="tokens per window")
     p.add_argument("--pool-windows", type=int, default=512,
                    help="windows whose hidden states are computed once and trained on")
+    p.add_argument("--generate", type=int, default=0, metavar="N",
+                   help="self-distillation: each window's last N tokens are the model's own greedy "
+                        "continuation of the file's first seq-len - N (what heads guess when serving)")
     p.add_argument("--windows-per-file", type=int, default=4)
     p.add_argument("--val-windows", type=int, default=32)
     p.add_argument("--tokenizer", default=None)
@@ -72,8 +76,8 @@ def run(args) -> int:
     check_args(args)
     llm = LLM(model=args.model, tokenizer=args.tokenizer, load_format=args.load_format,
               device=args.device, dtype="float32", num_threads=args.num_threads, seed=args.seed,
-              cpu_kernels=False, enable_prefix_caching=False,
-              num_kv_blocks=-(-args.seq_len // 16) + 2)
+              cpu_kernels=False, enable_prefix_caching=False, max_num_seqs=GENERATE_BATCH,
+              num_kv_blocks=GENERATE_BATCH * (-(-args.seq_len // 16) + 1) + 2)
     result = train(llm, args)
     print(f"wrote {result['file']}")
     return 0
@@ -85,6 +89,8 @@ def check_args(args) -> None:
             raise NextokError(f"--{name.replace('_', '-')} must be >= 1")
     if args.seq_len < args.heads + 2:
         raise NextokError(f"--seq-len must be at least --heads + 2 = {args.heads + 2}")
+    if not 0 <= args.generate < args.seq_len:
+        raise NextokError(f"--generate must be in [0, --seq-len - 1], got {args.generate}")
     if not args.lr > 0:
         raise NextokError("--lr must be > 0")
 
@@ -108,6 +114,19 @@ def training_windows(tokenizer, seq_len: int, per_file: int, num: int, seed: int
             if len(windows) == num:
                 return windows
     return windows
+
+
+def self_distilled(llm, windows: list[list[int]], generate: int) -> list[list[int]]:
+    """Each window's last `generate` tokens replaced by the model's greedy continuation of the
+    rest (EOS ignored, so every window keeps its length)."""
+    from nextok import SamplingParams
+
+    if generate == 0:
+        return windows
+    keep = len(windows[0]) - generate
+    params = SamplingParams(temperature=0.0, max_tokens=generate, ignore_eos=True)
+    outs = llm.generate([w[:keep] for w in windows], params)
+    return [w[:keep] + o.outputs[0].token_ids for w, o in zip(windows, outs)]
 
 
 @torch.inference_mode()
@@ -171,12 +190,13 @@ def train(llm, args) -> dict:
                                args.val_windows + args.pool_windows, args.seed)
     if len(windows) < args.val_windows + 1:
         raise NextokError(f"only {len(windows)} training windows of {args.seq_len} tokens found")
+    windows = self_distilled(llm, windows, args.generate)
     val = hidden_pool(llm, windows[:args.val_windows])
     pool = hidden_pool(llm, windows[args.val_windows:])
     num = pool["ids"].shape[0]
     hidden_s = time.perf_counter() - t0
     print(f"hidden states: {num} + {args.val_windows} (validation) windows of {args.seq_len} tokens "
-          f"in {hidden_s:.0f} s", flush=True)
+          f"({args.generate} written by the model) in {hidden_s:.0f} s", flush=True)
     heads = MedusaHeads(args.heads, cfg.hidden_size, cfg.vocab_size, args.projection, base_weight)
     heads.to(base_weight.device)
     opt = torch.optim.AdamW(heads.parameters(), lr=args.lr, weight_decay=0.0)
@@ -210,7 +230,7 @@ def train(llm, args) -> dict:
           + f"; chain {report['chain']:.3f} heads agree from head 0", flush=True)
     summary = {"base_model": os.path.basename(llm.engine.config.model_path), "data": args.data,
                "split": "calibration", "steps": args.steps, "batch": args.batch,
-               "seq_len": args.seq_len, "lr": args.lr, "labels": args.labels,
+               "seq_len": args.seq_len, "generate": args.generate, "lr": args.lr, "labels": args.labels,
                "pool_windows": num, "val_windows": args.val_windows, "seed": args.seed,
                "hidden_seconds": round(hidden_s, 1), "train_seconds": round(train_s, 1),
                "first_loss": curve[0], "final_loss": _mean_last(curve), **report}

@@ -23,7 +23,7 @@ def heads_dir(llm_f32, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("medusa-heads")
     args = SimpleNamespace(out=str(out), data="code", steps=24, heads=4, projection="shared",
-                           labels="data", lr=3e-3, batch=4, seq_len=64, pool_windows=16,
+                           labels="data", lr=3e-3, batch=4, seq_len=64, generate=0, pool_windows=16,
                            windows_per_file=2, val_windows=2, seed=0)
     train(llm_f32, args)
     return str(out)

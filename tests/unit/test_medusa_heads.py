@@ -33,7 +33,8 @@ def _tiny_llm(tmp_path, model_path, name, seed=0, **changes):
 
 def _args(out, **kw):
     base = dict(out=str(out), data="code", steps=12, heads=3, projection="shared", labels="data",
-                lr=5e-2, batch=4, seq_len=32, pool_windows=8, windows_per_file=2, val_windows=2, seed=0)
+                lr=5e-2, batch=4, seq_len=32, generate=0, pool_windows=8, windows_per_file=2, val_windows=2,
+                seed=0)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -89,7 +90,7 @@ def test_saved_heads_load_back_bit_exactly(tiny):
 
 def test_own_projection_trains_and_loads_back(tiny, tmp_path):
     out = tmp_path / "own"
-    result = train(tiny.llm, _args(out, steps=2, heads=2, projection="own"))
+    result = train(tiny.llm, _args(out, steps=2, heads=2, projection="own", generate=8))
     loaded = load_heads(str(out), tiny.llm.engine.runner.model)
     assert loaded.proj is not None and loaded.proj.shape == (2, 49152, 64)
     assert torch.equal(loaded.proj, result["heads"].proj)
