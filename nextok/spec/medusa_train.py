@@ -50,12 +50,12 @@ def add_parser(sub) -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--projection", default="shared", choices=["shared", "own"],
                    help="shared: the model's frozen lm_head; own: a trainable copy per head")
-    p.add_argument("--labels", default="data", choices=["data", "model"],
+    p.add_argument("--labels", default="model", choices=["data", "model"],
                    help="targets: the data's tokens, or the model's greedy token at each place")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--batch", type=int, default=8, help="windows per step")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per window")
-    p.add_argument("--pool-windows", type=int, default=512,
+    p.add_argument("--pool-windows", type=int, default=384,
                    help="windows whose hidden states are computed once and trained on")
     p.add_argument("--generate", type=int, default=0, metavar="N",
                    help="self-distillation: each window's last N tokens are the model's own greedy "

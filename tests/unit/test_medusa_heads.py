@@ -67,6 +67,16 @@ def test_training_lowers_the_heads_loss(tiny):
     assert len(log["loss_curve"]) == 12 and len(log["head_accuracy"]) == 3
 
 
+def test_targets_are_two_and_more_places_ahead():
+    """Head i at position t: the data's token t + 2 + i, or the model's guess made at t + 1 + i."""
+    ids = torch.arange(10).unsqueeze(0)  # token t at position t
+    pool = {"ids": ids, "greedy": ids + 100}  # the model's guess at t: 100 + t
+    idx = torch.tensor([0])
+    assert targets(pool, idx, 0, "data").tolist() == [list(range(2, 10))]
+    assert targets(pool, idx, 2, "data").tolist() == [list(range(4, 10))]
+    assert targets(pool, idx, 2, "model").tolist() == [list(range(103, 109))]
+
+
 def test_fresh_head_is_the_base_head():
     """W_i = 0, b_i = 0: every head's logits are the base projection of h itself."""
     torch.manual_seed(0)
@@ -90,7 +100,7 @@ def test_saved_heads_load_back_bit_exactly(tiny):
 
 def test_own_projection_trains_and_loads_back(tiny, tmp_path):
     out = tmp_path / "own"
-    result = train(tiny.llm, _args(out, steps=2, heads=2, projection="own", generate=8))
+    result = train(tiny.llm, _args(out, steps=2, heads=2, projection="own", generate=8, labels="model"))
     loaded = load_heads(str(out), tiny.llm.engine.runner.model)
     assert loaded.proj is not None and loaded.proj.shape == (2, 49152, 64)
     assert torch.equal(loaded.proj, result["heads"].proj)
