@@ -4,7 +4,7 @@
 Data: windows of --seq-len tokens from the training (calibration) split of this Python's
 standard library (bench/datasets.py), never a file of the held-out eval split that
 `nextok eval ppl` and `nextok bench spec --held-out` read. Files are taken in a seeded shuffle,
-at most --windows-per-file windows each; the first --val-windows windows (whole files) are kept
+at most --windows-per-file windows each, spread over the file; the first --val-windows windows (whole files) are kept
 apart to report how often the heads agree with the model.
 
 1. The model's final hidden states of --pool-windows windows are computed once with nextok's own
@@ -97,7 +97,8 @@ def check_args(args) -> None:
 
 def training_windows(tokenizer, seq_len: int, per_file: int, num: int, seed: int) -> list[list[int]]:
     """Up to `num` windows of seq_len tokens from training-split files in a seeded shuffle, at most
-    per_file from each (consecutive, non-overlapping, from the file's start)."""
+    per_file from each, spread evenly over the file (non-overlapping): not only its start, whose
+    license, imports and docstring are easier to guess than the code serving sees."""
     from nextok.bench.datasets import CALIBRATION_SPLIT, stdlib_split
 
     files = stdlib_split()[CALIBRATION_SPLIT]
@@ -109,7 +110,9 @@ def training_windows(tokenizer, seq_len: int, per_file: int, num: int, seed: int
                 ids = tokenizer.encode(f.read(), add_special_tokens=False)
         except (OSError, UnicodeDecodeError):
             continue
-        for start in range(0, min(len(ids) - seq_len + 1, per_file * seq_len), seq_len):
+        count = min(per_file, len(ids) // seq_len)
+        for j in range(count):
+            start = j * (len(ids) - seq_len) // max(1, count - 1)
             windows.append(ids[start:start + seq_len])
             if len(windows) == num:
                 return windows
