@@ -149,7 +149,8 @@ def load_heads(path: str, model) -> MedusaHeads:
 
 def check_base(path: str, meta: dict, rows: torch.Tensor, model_base: dict) -> None:
     diffs = [f"{key} {meta.get(key)} != this model's {model_base[key]}"
-             for key in ("hidden_size", "vocab_size", "num_hidden_layers") if meta.get(key) != model_base[key]]
+             for key in ("hidden_size", "vocab_size", "num_hidden_layers")
+             if meta.get(key) != model_base[key]]
     if not diffs:
         want = model_base["embedding_rows"]
         if rows.shape != want.shape or not torch.allclose(rows, want, rtol=1e-2, atol=1e-3):

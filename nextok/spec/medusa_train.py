@@ -4,8 +4,8 @@
 Data: windows of --seq-len tokens from the training (calibration) split of this Python's
 standard library (bench/datasets.py), never a file of the held-out eval split that
 `nextok eval ppl` and `nextok bench spec --held-out` read. Files are taken in a seeded shuffle,
-at most --windows-per-file windows each, spread over the file; the first --val-windows windows (whole files) are kept
-apart to report how often the heads agree with the model.
+at most --windows-per-file windows each, spread over the file; the first --val-windows windows
+(whole files) are kept apart to report how often the heads agree with the model.
 
 1. The model's final hidden states of --pool-windows windows are computed once with nextok's own
    model (eval/ppl.py's WindowScorer: scratch blocks of the idle engine's KV pool) and kept in
