@@ -56,8 +56,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "(auto: on for CUDA, off on CPU)")
     g.add_argument("--speculative", default=None, metavar="METHOD",
                    help="speculative decoding: ngram (prompt lookup over the request's own "
-                        "tokens), draft (a smaller model: --draft-model) or self-draft (the "
-                        "model's own first layers: --self-draft-layers)")
+                        "tokens), draft (a smaller model: --draft-model), self-draft (the "
+                        "model's own first layers: --self-draft-layers) or medusa (heads on the "
+                        "model's last hidden state: --medusa-heads)")
     g.add_argument("--draft-model", default=None, metavar="PATH",
                    help="draft: a smaller model (GGUF file or HF directory) with the same tokenizer")
     g.add_argument("--self-draft-layers", type=int, default=None, metavar="L",
@@ -70,6 +71,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="draft tokens proposed per step, at most (1-15)")
     g.add_argument("--ngram-min", type=int, default=1, help="ngram: shortest suffix looked up")
     g.add_argument("--ngram-max", type=int, default=4, help="ngram: longest suffix looked up")
+    g.add_argument("--medusa-heads", default=None, metavar="PATH",
+                   help="medusa: heads written by `nextok train medusa` (the file or its directory); "
+                        "drafts per step: the number of heads, or --num-speculative-tokens if fewer")
     g.add_argument("--speculative-disable-batch-size", type=int, default=16,
                    help="propose only while at most this many sequences run")
     g.add_argument("--gguf-blocks-only", dest="gguf_dense_copy", action="store_false",
@@ -190,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     from nextok.eval import ppl
 
     ppl.add_parser(sub, add_engine_args)
+    from nextok.spec import medusa_train
+
+    medusa_train.add_parser(sub)
     return parser
 
 

@@ -104,6 +104,7 @@ class SpeculativeConfig:
     self_draft_layers: int | None = None
     # draft / self-draft: blocks in the draft's own KV pool (None: as many as the target's)
     draft_num_blocks: int | None = None
+    medusa_heads: str | None = None  # medusa: the heads file (or its directory), spec/medusa_heads.py
 
 
 @dataclass(frozen=True)

@@ -63,10 +63,11 @@ def stdlib_split() -> dict[str, list[str]]:
     return parts
 
 
-def shuffled_sources(rng: random.Random, max_chars: int = 200_000):
-    """(path, the first max_chars characters) of every readable stdlib file, in an order shuffled
-    by rng (the shuffle happens at the first item, before the caller draws from rng again)."""
-    files = stdlib_files()
+def shuffled_sources(rng: random.Random, max_chars: int = 200_000, files: list[str] | None = None):
+    """(path, the first max_chars characters) of every readable stdlib file (or of `files`), in an
+    order shuffled by rng (the shuffle happens at the first item, before the caller draws from
+    rng again)."""
+    files = list(stdlib_files() if files is None else files)
     rng.shuffle(files)
     for path in files:
         try:
@@ -76,11 +77,14 @@ def shuffled_sources(rng: random.Random, max_chars: int = 200_000):
             continue
 
 
-def code_prompts(tokenizer, num: int, input_len: int, seed: int) -> list[list[int]]:
-    """`num` windows of `input_len` tokens, each from a different stdlib file (cycled if few)."""
+def code_prompts(tokenizer, num: int, input_len: int, seed: int,
+                 split: str | None = None) -> list[list[int]]:
+    """`num` windows of `input_len` tokens, each from a different stdlib file; split: EVAL_SPLIT
+    or CALIBRATION_SPLIT to take files of that part only (None: any file)."""
     rng = random.Random(seed)
     prompts: list[list[int]] = []
-    for _, text in shuffled_sources(rng):
+    files = None if split is None else stdlib_split()[split]
+    for _, text in shuffled_sources(rng, files=files):
         if len(prompts) == num:
             break
         ids = tokenizer.encode(text, add_special_tokens=False)
@@ -93,9 +97,10 @@ def code_prompts(tokenizer, num: int, input_len: int, seed: int) -> list[list[in
     return prompts
 
 
-def build(name: str, tokenizer, num: int, input_len: int, seed: int) -> list[list[int]]:
+def build(name: str, tokenizer, num: int, input_len: int, seed: int,
+          split: str | None = None) -> list[list[int]]:
     if name == "random":
         return random_prompts(tokenizer, num, input_len, seed)
     if name == "code":
-        return code_prompts(tokenizer, num, input_len, seed)
+        return code_prompts(tokenizer, num, input_len, seed, split)
     raise ValueError(f"unknown dataset {name!r} (random | code)")

@@ -8,7 +8,8 @@
   speculating engine in turn (the order alternates from prompt to prompt, so slow periods of a
   shared machine hit both); time to first token, TPOT = (end - first token) / (tokens - 1), and
   end-to-end latency; the medians and their ratios; the drafts proposed and accepted.
-- Workloads: `code` (windows of real stdlib source, as in bench throughput), `edit` (a chat
+- Workloads: `code` (windows of real stdlib source, as in bench throughput; with `--held-out`
+  only from the eval split, which `nextok train medusa` never reads), `edit` (a chat
   request to rewrite a real stdlib function with one name renamed: the reply repeats its
   context) and
   `random` (random token ids: little to look up, the case where speculation must not cost).
@@ -35,6 +36,9 @@ def add_parser(sub, add_engine_args) -> None:
     p.add_argument("--num-prompts", type=int, default=8, help="per workload")
     p.add_argument("--input-len", type=int, default=256, help="code / random prompt tokens")
     p.add_argument("--output-len", type=int, default=128, help="tokens per request, at most")
+    p.add_argument("--held-out", action="store_true",
+                   help="code prompts from the held-out eval split only (bench/datasets.py), "
+                        "never seen by `nextok train medusa`")
     p.add_argument("--crossover-batch-sizes", default="", help="e.g. 1,2,4,8,16 (empty: skip)")
     p.add_argument("--output", default=None)
     add_engine_args(p)
@@ -109,6 +113,9 @@ def run(args) -> int:
     from nextok.bench.datasets import build
     from nextok.cli import engine_kwargs
 
+    from nextok.bench.datasets import EVAL_SPLIT
+
+    split = EVAL_SPLIT if args.held_out else None
     methods = [m for m in args.methods.split(",") if m]
     workloads = [w for w in args.workloads.split(",") if w]
     kwargs = engine_kwargs(args)
@@ -119,12 +126,14 @@ def run(args) -> int:
         engines[m] = LLM(**{**kwargs, **_method_kwargs(m, args), "speculative_disable_batch_size": 1 << 20})
     tok = engines["off"].get_tokenizer()
     result = {"benchmark": "speculative decoding", "methods": methods,
-              "num_speculative_tokens": args.num_speculative_tokens, "workloads": {}}
+              "num_speculative_tokens": args.num_speculative_tokens,
+              "code_split": split or "all", "medusa_heads": args.medusa_heads, "workloads": {}}
     for w in workloads:
         if w == "edit":
             cases = edit_prompts(tok, args.num_prompts, args.seed, args.output_len)
         else:
-            cases = [(ids, args.output_len) for ids in build(w, tok, args.num_prompts, args.input_len, args.seed)]
+            cases = [(ids, args.output_len)
+                     for ids in build(w, tok, args.num_prompts, args.input_len, args.seed, split)]
         stats0 = {m: dict(engines[m].engine.spec_stats) for m in methods}
         runs = {name: [] for name in engines}
         names = list(engines)
@@ -147,18 +156,20 @@ def run(args) -> int:
                 verify_steps=d["steps"], proposed=d["proposed"], accepted=d["accepted"],
                 acceptance_rate=d["accepted"] / d["proposed"] if d["proposed"] else 0.0,
                 mean_accepted_per_step=d["accepted"] / d["steps"] if d["steps"] else 0.0,
+                # the accepted drafts and the target's own token
+                mean_emitted_per_step=(d["accepted"] + d["steps"]) / d["steps"] if d["steps"] else 0.0,
                 same_tokens=all(a["tokens"] == b["tokens"] for a, b in zip(runs["off"], runs[m])))
         result["workloads"][w] = {"num_prompts": len(cases), "summary": summary, "runs": runs,
                                   "cpu": meter.summary()}
         _print(w, summary, meter.summary())
     sizes = [int(b) for b in args.crossover_batch_sizes.split(",") if b.strip()]
     if sizes:
-        result["crossover"] = _crossover(engines, tok, sizes, args)
+        result["crossover"] = _crossover(engines, tok, sizes, args, split)
     write_json(args.output, header(result)) if args.output else None
     return 0
 
 
-_METHOD_OPTIONS = ("draft_model", "self_draft_layers", "draft_num_kv_blocks")
+_METHOD_OPTIONS = ("draft_model", "self_draft_layers", "draft_num_kv_blocks", "medusa_heads")
 
 
 def _method_kwargs(method: str, args) -> dict:
@@ -172,10 +183,12 @@ def _method_kwargs(method: str, args) -> dict:
         kw["draft_model"] = args.draft_model
     if name == "self-draft":
         kw["self_draft_layers"] = int(layers) if layers else args.self_draft_layers
+    if name == "medusa":
+        kw["medusa_heads"] = args.medusa_heads
     return kw
 
 
-def _crossover(engines, tok, sizes, args) -> dict:
+def _crossover(engines, tok, sizes, args, split) -> dict:
     """Output tokens/s of B code prompts decoded together, each engine, 2 alternating rounds."""
     from nextok import SamplingParams
     from nextok.bench.datasets import build
@@ -183,7 +196,7 @@ def _crossover(engines, tok, sizes, args) -> dict:
     out = {}
     sp = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     for b in sizes:
-        prompts = build("code", tok, b, args.input_len, args.seed + b)
+        prompts = build("code", tok, b, args.input_len, args.seed + b, split)
         rates = {name: [] for name in engines}
         with Meter() as meter:
             for rnd in range(2):
@@ -208,5 +221,6 @@ def _print(w, summary, cpu) -> None:
             continue
         print(f"  {m}: TPOT {s['tpot_s'] * 1e3:.1f} ms ({s['tpot_speedup']:.2f}x), e2e {s['e2e_s']:.2f} s "
               f"({s['e2e_speedup']:.2f}x), accepted {s['accepted']}/{s['proposed']} "
-              f"({s['acceptance_rate']:.0%}), {s['mean_accepted_per_step']:.2f} per verify step, "
+              f"({s['acceptance_rate']:.0%}), {s['mean_accepted_per_step']:.2f} per verify step "
+              f"({s['mean_emitted_per_step']:.2f} tokens emitted), "
               f"same tokens: {s['same_tokens']}", flush=True)

@@ -196,6 +196,8 @@ class LLMEngine:
     def _finish_step(self, sched, launched) -> list[RequestOutput]:
         """Collect a launched step's tokens; detokenize, check stops, build outputs."""
         model_out = self.runner.collect(launched)
+        if model_out.hidden is not None:  # a proposer that drafts from hidden states (medusa)
+            self.proposer.observe(model_out.hidden)
         # A sequence that ended (or was aborted) after this step was launched drops its token.
         live = [it.seq for it in sched.scheduled if it.samples and not it.seq.is_finished]
         for it in sched.scheduled:

@@ -50,7 +50,7 @@ class EngineArgs:
     quantization: str | None = None  # None | int8 | int4 (nextok/quant/)
     quant_group_size: int = 128
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | int8 | fp8 (attention/kv_quant.py)
-    speculative: str | None = None  # None | ngram | draft | self-draft (nextok/spec/)
+    speculative: str | None = None  # None | ngram | draft | self-draft | medusa (nextok/spec/)
     num_speculative_tokens: int = 4
     ngram_min: int = 1
     ngram_max: int = 4
@@ -58,6 +58,7 @@ class EngineArgs:
     draft_model: str | None = None
     self_draft_layers: int | None = None
     draft_num_kv_blocks: int | None = None
+    medusa_heads: str | None = None  # --speculative medusa: heads from `nextok train medusa`
     download: bool = True
 
 
@@ -181,7 +182,7 @@ def _attention_backend(name: str, device: str, kv_cache_dtype: str = "auto") -> 
 def _speculative_config(args: EngineArgs) -> SpeculativeConfig:
     return SpeculativeConfig(args.speculative, args.num_speculative_tokens, args.ngram_min,
                              args.ngram_max, args.speculative_disable_batch_size, args.draft_model,
-                             args.self_draft_layers, args.draft_num_kv_blocks)
+                             args.self_draft_layers, args.draft_num_kv_blocks, args.medusa_heads)
 
 
 def _check_args(args: EngineArgs) -> None:

@@ -121,16 +121,22 @@ class WindowScorer:
         self.positions = torch.arange(nblocks * self.block_size, device=self.device)
 
     @torch.inference_mode()
-    def nll(self, ids: torch.Tensor, w: Window) -> torch.Tensor:
-        """ids: [L] the document on the device -> [end - first_scored] float32 NLLs of w's scored tokens."""
-        a, b = w.fed
-        n = b - a
+    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [n] (at most context - 1 tokens, on the device), positions 0.. -> the final
+        hidden states [n, hidden] (after the model's last norm)."""
+        n = ids.shape[0]
         table = self.table[:-(-n // self.block_size)]
         meta = AttentionMetadata(slot_mapping=self.slots[:n], num_decode=0, decode_block_tables=None,
                                  decode_context_lens=None, decode_mask=None,
                                  prefills=[PrefillChunk(0, n, n, table)],
                                  sliding_window=self.sliding_window)
-        hidden = self.model(ids[a:b], self.positions[:n], self.kv_caches, meta)  # [n, hidden]
+        return self.model(ids, self.positions[:n], self.kv_caches, meta)
+
+    @torch.inference_mode()
+    def nll(self, ids: torch.Tensor, w: Window) -> torch.Tensor:
+        """ids: [L] the document on the device -> [end - first_scored] float32 NLLs of w's scored tokens."""
+        a, b = w.fed
+        hidden = self.hidden(ids[a:b])  # [b - a, hidden]
         logits = self.model.compute_logits(hidden[w.first_scored - 1 - a:]).float()  # [k, vocab]
         targets = ids[w.first_scored:w.end]  # [k]
         return -logits.log_softmax(-1).gather(1, targets[:, None])[:, 0]

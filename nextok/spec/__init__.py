@@ -11,6 +11,8 @@ A proposer has `name` and either `propose(token_ids, k) -> tokens` (one sequence
 `propose_batch(seqs, k) -> {seq_id: tokens}` (every speculating sequence of the step at once:
 a model's forward passes are batched, draft.py); one with per-sequence state also has
 `release(seq_ids)`, which the engine calls when a sequence ends, is aborted or is preempted.
+Medusa (spec/medusa.py) drafts from heads trained by `nextok train medusa` on the target's last
+hidden state; the runner then returns each sequence's last hidden state after every step.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from nextok.config import ModelConfig, SpeculativeConfig
 from nextok.errors import NextokError
 from nextok.spec.ngram import NgramProposer
 
-METHODS = ("ngram", "draft", "self-draft")
+METHODS = ("ngram", "draft", "self-draft", "medusa")
 MODEL_METHODS = ("draft", "self-draft")  # a model drafts: spec/draft.py
 MAX_SPECULATIVE_TOKENS = 15  # a verify step of one sequence stays within 16 rows
 # self-draft's default depth: all layers but the last SELF_DRAFT_SKIPPED_LAYERS. Measured on
@@ -39,6 +41,9 @@ def check_config(cfg: SpeculativeConfig) -> None:
     if cfg.self_draft_layers is not None and cfg.method != "self-draft":
         raise NextokError(f"--self-draft-layers is an option of --speculative self-draft, not of "
                           f"--speculative {cfg.method or '(off)'}")
+    if cfg.medusa_heads is not None and cfg.method != "medusa":
+        raise NextokError(f"--medusa-heads is an option of --speculative medusa, not of "
+                          f"--speculative {cfg.method or '(off)'}")
     if cfg.draft_num_blocks is not None and cfg.method not in MODEL_METHODS:
         raise NextokError("--draft-num-kv-blocks is an option of --speculative draft / self-draft")
     if cfg.method is None:
@@ -58,6 +63,18 @@ def check_config(cfg: SpeculativeConfig) -> None:
                           f"{cfg.ngram_min} / {cfg.ngram_max}")
     if cfg.disable_batch_size < 1:
         raise NextokError(f"--speculative-disable-batch-size must be >= 1, got {cfg.disable_batch_size}")
+    if cfg.method == "medusa":
+        if not cfg.medusa_heads:
+            raise NextokError("--speculative medusa needs --medusa-heads PATH (heads written by "
+                              "`nextok train medusa`)")
+        from nextok.spec.medusa_heads import read_metadata
+
+        read_metadata(cfg.medusa_heads)  # missing or unreadable: fail before the model loads
+
+
+def needs_hidden_states(cfg: SpeculativeConfig) -> bool:
+    """Does the proposer read the target's last hidden state of each sequence after a step?"""
+    return cfg.method == "medusa"
 
 
 def self_draft_layers(cfg: SpeculativeConfig, model: ModelConfig) -> int:
@@ -83,6 +100,10 @@ def make_proposer(cfg: SpeculativeConfig, runner=None, num_blocks: int = 0, max_
         return None
     if cfg.method == "ngram":
         return NgramProposer(cfg.ngram_min, cfg.ngram_max)
+    if cfg.method == "medusa":  # heads checked against the target, projected by its lm_head
+        from nextok.spec.medusa import MedusaProposer
+
+        return MedusaProposer.load(cfg.medusa_heads, runner.model if runner is not None else None)
     from nextok.spec.draft import DraftModelProposer
 
     if runner is None:

@@ -29,10 +29,21 @@ class SeqLogprobs:
 
 
 @dataclass
+class LastHidden:
+    """For a proposer that drafts from the target's hidden states (spec/medusa.py): per sequence
+    that got tokens in a step, the final hidden state (after the norm) of the row whose logits
+    gave its newest token: a decode or prefill's last row, a verify step's last accepted row."""
+    seq_ids: list[int]
+    positions: list[int]  # each row's position (the sequence's length - 2 once its token is in)
+    rows: torch.Tensor  # [N, hidden], a copy (never a CUDA graph's output buffer)
+
+
+@dataclass
 class ModelOutput:
     # seq_id -> token id; for a verify step (speculative decoding) the list of its tokens
     sampled: dict[int, int | list[int]] = field(default_factory=dict)
     logprobs: dict[int, SeqLogprobs] = field(default_factory=dict)  # for seqs that asked
+    hidden: LastHidden | None = None  # only when the proposer reads hidden states
 
 
 @dataclass
@@ -42,6 +53,7 @@ class LaunchedStep:
     results: dict[str, torch.Tensor]  # sampled [S], logprobs [S], top_ids / top_logprobs [S, K]
     done: object = None  # a CUDA event recorded after the copies to (pinned) host memory
     verified: dict[int, list[int]] = field(default_factory=dict)  # verify steps' tokens (host)
+    hidden: LastHidden | None = None
 
 
 class ModelRunner:
@@ -89,6 +101,9 @@ class ModelRunner:
         # row in them: the next step's PENDING input tokens are taken from there.
         self._last_sampled: torch.Tensor | None = None
         self._last_rows: dict[int, int] = {}
+        from nextok.spec import needs_hidden_states
+
+        self.return_hidden = needs_hidden_states(config.speculative)  # ModelOutput.hidden
 
     def _make_backend(self):
         if self.config.attention_backend == "triton":
@@ -196,8 +211,9 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden.index_select(0, self._to_device(rows)))
             verified = verify_drafts(logits, verify, [self._generator(it.seq) for it, _ in verify],
                                      self.sampler)
+        last_hidden = self._last_hidden(hidden, sample_rows, sample_items, verify, verified)
         if not seqs:
-            return LaunchedStep([], {}, verified=verified)
+            return LaunchedStep([], {}, verified=verified, hidden=last_hidden)
         if sample_rows != list(range(n)):
             hidden = hidden.index_select(0, self._to_device(sample_rows))
         logits = self.model.compute_logits(hidden)  # [S, V]
@@ -209,21 +225,38 @@ class ModelRunner:
             if res.top_ids is not None:
                 results.update(top_ids=res.top_ids, top_logprobs=res.top_logprobs)
         if self.device.type != "cuda":
-            return LaunchedStep(seqs, results, verified=verified)
+            return LaunchedStep(seqs, results, verified=verified, hidden=last_hidden)
         results = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True).copy_(v, non_blocking=True)
                    for k, v in results.items()}
         done = torch.cuda.Event()
         done.record()
-        return LaunchedStep(seqs, results, done, verified)
+        return LaunchedStep(seqs, results, done, verified, last_hidden)
+
+    def _last_hidden(self, hidden: torch.Tensor, sample_rows: list[int], sample_items: list,
+                     verify: list, verified: dict) -> LastHidden | None:
+        """hidden [T, hidden]: the step's rows -> the rows that gave each sequence's newest token
+        (a verify step's row of its last accepted draft, or of its last token if none was)."""
+        if not self.return_hidden or not (sample_items or verify):
+            return None
+        rows = list(sample_rows)
+        seq_ids = [it.seq.seq_id for it in sample_items]
+        positions = [it.start + it.num_new_tokens - 1 for it in sample_items]
+        for it, item_rows in verify:
+            accepted = len(verified[it.seq.seq_id]) - 1
+            rows.append(item_rows[accepted])
+            seq_ids.append(it.seq.seq_id)
+            positions.append(it.start + accepted)
+        return LastHidden(seq_ids, positions, hidden.index_select(0, self._to_device(rows)))
 
     def collect(self, step: LaunchedStep) -> ModelOutput:
         """Wait for a launched step's results and hand them over as Python values."""
         if step.done is not None:
             step.done.synchronize()
         if not step.seqs:
-            return ModelOutput(sampled=dict(step.verified))
+            return ModelOutput(sampled=dict(step.verified), hidden=step.hidden)
         res = {k: v.tolist() for k, v in step.results.items()}
-        out = ModelOutput(sampled={s.seq_id: t for s, t in zip(step.seqs, res["sampled"])})
+        out = ModelOutput(sampled={s.seq_id: t for s, t in zip(step.seqs, res["sampled"])},
+                          hidden=step.hidden)
         out.sampled.update(step.verified)
         if "logprobs" in res:
             top_ids, top_lps = res.get("top_ids"), res.get("top_logprobs")
