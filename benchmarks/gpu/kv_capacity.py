@@ -10,12 +10,9 @@ sequence takes 4096 / block_size blocks.
 """
 from __future__ import annotations
 
-import gc
 import json
 import os
 import sys
-
-import torch
 
 sys.path.insert(0, os.getcwd())
 
@@ -26,25 +23,20 @@ SEQ = 4096
 
 
 def main() -> int:
-    model, tok, out = sys.argv[1:4]
+    model, tok, out, kind = sys.argv[1:5]
     budget = int(float(sys.argv[5]) if len(sys.argv) > 5 else 64) << 30
-    rows = []
-    for kind in (sys.argv[4],):
-        llm = LLM(model=model, tokenizer=tok, load_format="dummy", dtype="bfloat16", max_model_len=SEQ,
-                  kv_cache_memory=budget, max_num_seqs=4096, kv_cache_dtype=kind)
-        eng = llm.engine
-        blocks, bs = eng.block_manager.num_blocks, eng.config.cache.block_size
-        per_block = eng.runner.kv_bytes_per_block()
-        fits = blocks // (SEQ // bs)
-        rows.append({"kv_cache_dtype": kind, "budget_bytes": budget, "bytes_per_block": per_block,
-                     "blocks": blocks, "block_size": bs, "sequences_of_4096": fits})
-        print(f"{kind:>5}: {per_block} bytes per block of {bs} tokens, {blocks} blocks, "
-              f"{fits} sequences of {SEQ} tokens", flush=True)
-        del llm, eng
-        gc.collect()
-        torch.cuda.empty_cache()
+    llm = LLM(model=model, tokenizer=tok, load_format="dummy", dtype="bfloat16", max_model_len=SEQ,
+              kv_cache_memory=budget, max_num_seqs=4096, kv_cache_dtype=kind)
+    eng = llm.engine
+    blocks, bs = eng.block_manager.num_blocks, eng.config.cache.block_size
+    per_block = eng.runner.kv_bytes_per_block()
+    fits = blocks // (SEQ // bs)
+    print(f"{kind:>5}: {per_block} bytes per block of {bs} tokens, {blocks} blocks, "
+          f"{fits} sequences of {SEQ} tokens", flush=True)
+    row = {"kv_cache_dtype": kind, "budget_bytes": budget, "bytes_per_block": per_block,
+           "blocks": blocks, "block_size": bs, "sequences_of_4096": fits}
     with open(out, "w") as f:
-        json.dump(header({"rows": rows}), f, indent=1)
+        json.dump(header({"rows": [row]}), f, indent=1)
     return 0
 
 
