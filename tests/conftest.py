@@ -1,6 +1,8 @@
 """Shared fixtures. The real model is pulled once per session (`make test` pulls it first)."""
 from __future__ import annotations
 
+import collections
+import gc
 import os
 
 import pytest
@@ -20,19 +22,29 @@ def model_path() -> str:
     return hub.resolve_model(None)
 
 
-_ENGINES: dict = {}
+_ENGINES: "collections.OrderedDict" = collections.OrderedDict()
+# Engines kept alive at once: each holds ~1 GB (float32 weights, blocks, a KV pool; a draft pool
+# more), and the suite asks for ~30 configurations; all of them together ran CI's 24 GiB out.
+# Tests come grouped by module, so the few most recent cover nearly every reuse.
+MAX_CACHED_ENGINES = 6
 
 
 @pytest.fixture(scope="session")
 def make_llm(model_path):
-    """make_llm(**engine kwargs) -> LLM on the default model in float32, built once per kwargs."""
+    """make_llm(**engine kwargs) -> LLM on the default model in float32, built once per kwargs
+    (the least recently used beyond MAX_CACHED_ENGINES are dropped, and rebuilt if asked again)."""
 
     def make(**kwargs):
         from nextok import LLM
 
         kwargs.setdefault("kv_cache_memory", 256 << 20)
         key = tuple(sorted(kwargs.items()))
-        if key not in _ENGINES:
+        if key in _ENGINES:
+            _ENGINES.move_to_end(key)
+        else:
+            while len(_ENGINES) >= MAX_CACHED_ENGINES:
+                _ENGINES.popitem(last=False)
+                gc.collect()
             _ENGINES[key] = LLM(model=model_path, dtype="float32", **kwargs)
         return _ENGINES[key]
 
