@@ -187,7 +187,8 @@ def test_fused_ops_for_binds_once_per_device_and_dtype():
 
     cpu_ops = fused_ops_for(torch.device("cpu"), torch.float32)
     assert cpu_ops is load_fused_ops() and (cpu_ops is None or isinstance(cpu_ops, FusedOps))
-    assert fused_ops_for(torch.device("cpu"), torch.bfloat16) is None
+    assert fused_ops_for(torch.device("cpu"), torch.bfloat16) is cpu_ops  # the C kernels take bf16 too
+    assert fused_ops_for(torch.device("cpu"), torch.float16) is None
     assert fused_ops_for(torch.device("meta"), torch.float32) is None
     if CUDA:
         assert isinstance(fused_ops_for(torch.device("cuda"), torch.bfloat16), TritonFusedOps)
