@@ -1,0 +1,75 @@
+#!/bin/bash
+# Issue 8 (speculative decoding) on the H200, from the repo root of the GPU machine:
+#   bash benchmarks/gpu/issue8.sh 8b      dummy Llama-3.1-8B, ngram vs off: concurrency 1 and the
+#                                         throughput crossover over batch sizes; then (issue 7)
+#                                         FP8 vs bf16 offline throughput, A/B interleaved
+#   bash benchmarks/gpu/issue8.sh model   the default model in bf16: off vs ngram, self-draft and
+#                                         medusa (heads trained on the CPU, .gpucarry/medusa), on
+#                                         code / edit / random; then Medusa heads trained on the
+#                                         GPU and benched the same way
+# The default GGUF travels in two halves (a call carries <= 64 MiB): "8b" keeps gguf_a in /tmp,
+# "model" right after it (same warm machine) carries gguf_b and joins them. Also reads
+# .gpucarry/smollm2-135m (a tokenizer for the dummy checkpoints): benchmarks/gpu/make_carry.sh.
+# Everything written under $OUT comes back.
+set -u
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/nextok-out}
+mkdir -p "$OUT"
+TOK=.gpucarry/smollm2-135m
+L8B=benchmarks/configs/llama-3.1-8b
+DUMMY="--load-format dummy --tokenizer $TOK --dtype bfloat16 --max-model-len 4096"
+M=/tmp/model/SmolLM2-135M-Instruct.Q4_1.gguf
+K=${K:-4}
+step() { echo "=== $* ($(date -u +%T))"; }
+step environment
+{ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+  python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)'
+  echo "commit ${NEXTOK_COMMIT:-unknown}"; } | tee "$OUT/env.txt"
+mkdir -p /tmp/model
+[ -f .gpucarry/gguf_a/part ] && cp .gpucarry/gguf_a/part /tmp/model/part_a
+[ -f .gpucarry/gguf_b/part ] && [ -f /tmp/model/part_a ] && cat /tmp/model/part_a .gpucarry/gguf_b/part > $M
+
+spec() {  # $1: label, then bench spec flags
+    local label=$1; shift
+    timeout ${T_SPEC:-240} python3 -m nextok bench spec --num-speculative-tokens $K \
+        --output "$OUT/spec-$label.json" "$@" 2>&1 | grep -v "Warning\|it/s\]" | tail -${TAIL:-16}
+}
+
+case "${1:-}" in
+8b)
+    step "8B dummy: ngram vs off, concurrency 1 and the crossover"
+    TAIL=24 spec llama-8b-ngram --model $L8B $DUMMY --methods ngram --workloads code,random \
+        --num-prompts 4 --output-len 128 --kv-cache-memory 24GiB \
+        --crossover-batch-sizes ${SIZES:-1,4,16,32,64,128}
+    for r in $(seq 1 ${ROUNDS:-2}); do
+        for q in bf16 fp8; do
+            step "throughput 1000 x 512 -> 256, 8B, $q (round $r)"
+            extra=""; [ $q = fp8 ] && extra="--quantization fp8"
+            timeout ${T_TP:-150} python3 -m nextok bench throughput --model $L8B $DUMMY --num-prompts 1000 \
+                --input-len 512 --output-len 256 --kv-cache-memory-fraction 0.35 \
+                --max-num-batched-tokens 8192 --max-num-seqs 256 $extra \
+                --output "$OUT/throughput-llama-8b-$q-r$r.json" 2>&1 | grep -v "it/s\]" | tail -3
+        done
+    done
+    ;;
+model)
+    [ "$(sha256sum $M 2>/dev/null | cut -c1-64)" = "$(cat .gpucarry/gguf.sha256)" ] \
+        || { echo "model halves missing or corrupt"; exit 1; }
+    HEADS=.gpucarry/medusa/medusa_heads.safetensors
+    step "default model, bf16: off vs ngram, self-draft, medusa (CPU-trained heads)"
+    TAIL=30 spec smollm2-bf16 --model $M --dtype bfloat16 --methods ngram,self-draft,medusa \
+        --medusa-heads $HEADS --workloads code,edit,random --held-out --num-prompts 8 --output-len 128 \
+        --crossover-batch-sizes 1,16,64
+    step "Medusa heads trained on the GPU (${MEDUSA_STEPS:-1500} steps)"
+    timeout ${T_TRAIN:-200} python3 -m nextok train medusa $M "$OUT/medusa-gpu" --data code \
+        --steps ${MEDUSA_STEPS:-1500} --batch 16 --pool-windows ${POOL:-2048} --device cuda 2>&1 \
+        | grep -v Warning | tail -8
+    [ -f "$OUT/medusa-gpu/medusa_heads.safetensors" ] && \
+        spec smollm2-bf16-medusa-gpu --model $M --dtype bfloat16 --methods medusa \
+            --medusa-heads "$OUT/medusa-gpu" --workloads code --held-out --num-prompts 8 --output-len 128
+    ;;
+*)
+    echo "usage: $0 8b|model" >&2
+    exit 2
+    ;;
+esac
