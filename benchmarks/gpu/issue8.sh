@@ -4,12 +4,12 @@
 #                                         throughput crossover over batch sizes; then (issue 7)
 #                                         FP8 vs bf16 offline throughput, A/B interleaved
 #   bash benchmarks/gpu/issue8.sh model   the default model in bf16: off vs ngram, self-draft and
-#                                         medusa (heads trained on the CPU, .gpucarry/medusa), on
-#                                         code / edit / random; then Medusa heads trained on the
-#                                         GPU and benched the same way
+#                                         medusa (heads trained there first by nextok train
+#                                         medusa), on code / edit / random
 # The default GGUF travels in two halves (a call carries <= 64 MiB): "8b" keeps gguf_a in /tmp,
-# "model" right after it (same warm machine) carries gguf_b and joins them. Also reads
-# .gpucarry/smollm2-135m (a tokenizer for the dummy checkpoints): benchmarks/gpu/make_carry.sh.
+# "model" right after it (same warm machine) carries gguf_b and joins them. Both carry
+# .gpucarry/tok/smollm2-135m.tgz, the tokenizer for the dummy checkpoints packed (the tracked
+# files, half the GGUF and the plain tokenizer pass a call's 64 MiB): benchmarks/gpu/make_carry.sh.
 # Everything written under $OUT comes back.
 set -u
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -25,6 +25,7 @@ step environment
 { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
   python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)'
   echo "commit ${NEXTOK_COMMIT:-unknown}"; } | tee "$OUT/env.txt"
+[ -f .gpucarry/tok/smollm2-135m.tgz ] && tar -C .gpucarry -xzf .gpucarry/tok/smollm2-135m.tgz
 mkdir -p /tmp/model
 [ -f .gpucarry/gguf_a/part ] && cp .gpucarry/gguf_a/part /tmp/model/part_a
 [ -f .gpucarry/gguf_b/part ] && [ -f /tmp/model/part_a ] && cat /tmp/model/part_a .gpucarry/gguf_b/part > $M
@@ -55,18 +56,15 @@ case "${1:-}" in
 model)
     [ "$(sha256sum $M 2>/dev/null | cut -c1-64)" = "$(cat .gpucarry/gguf.sha256)" ] \
         || { echo "model halves missing or corrupt"; exit 1; }
-    HEADS=.gpucarry/medusa/medusa_heads.safetensors
-    step "default model, bf16: off vs ngram, self-draft, medusa (CPU-trained heads)"
-    TAIL=30 spec smollm2-bf16 --model $M --dtype bfloat16 --methods ngram,self-draft,medusa \
-        --medusa-heads $HEADS --workloads code,edit,random --held-out --num-prompts 8 --output-len 128 \
-        --crossover-batch-sizes 1,16,64
+    # Medusa heads trained here first (the CPU-trained ones do not fit in the call's carry)
     step "Medusa heads trained on the GPU (${MEDUSA_STEPS:-1500} steps)"
     timeout ${T_TRAIN:-200} python3 -m nextok train medusa $M "$OUT/medusa-gpu" --data code \
         --steps ${MEDUSA_STEPS:-1500} --batch 16 --pool-windows ${POOL:-2048} --device cuda 2>&1 \
         | grep -v Warning | tail -8
-    [ -f "$OUT/medusa-gpu/medusa_heads.safetensors" ] && \
-        spec smollm2-bf16-medusa-gpu --model $M --dtype bfloat16 --methods medusa \
-            --medusa-heads "$OUT/medusa-gpu" --workloads code --held-out --num-prompts 8 --output-len 128
+    step "default model, bf16: off vs ngram, self-draft, medusa"
+    TAIL=30 spec smollm2-bf16 --model $M --dtype bfloat16 --methods ngram,self-draft,medusa \
+        --medusa-heads "$OUT/medusa-gpu" --workloads code,edit,random --held-out --num-prompts 8 \
+        --output-len 128 --crossover-batch-sizes 1,16,64
     ;;
 *)
     echo "usage: $0 8b|model" >&2

@@ -22,4 +22,5 @@ $PY -c "import sys; from nextok.tokenizer import Tokenizer; Tokenizer.from_gguf(
 ls .whl/gguf-0.19.0-*.whl >/dev/null 2>&1 || $PY -m pip download -q --no-deps --only-binary=:all: \
     --python-version 3.12 --implementation cp -d .whl gguf==0.19.0
 cat .gpucarry/gguf_a/part .gpucarry/gguf_b/part | sha256sum | cut -c1-64 | cmp -s - .gpucarry/gguf.sha256
+mkdir -p .gpucarry/tok && tar -C .gpucarry -czf .gpucarry/tok/smollm2-135m.tgz smollm2-135m
 du -sh .gpucarry/* .whl
