@@ -163,8 +163,11 @@ def run(args) -> int:
                                   "cpu": meter.summary()}
         _print(w, summary, meter.summary())
     sizes = [int(b) for b in args.crossover_batch_sizes.split(",") if b.strip()]
+    if sizes and args.output:  # the workloads' results are kept if the crossover fails
+        write_json(args.output, header(result))
     if sizes:
-        result["crossover"] = _crossover(engines, tok, sizes, args, split)
+        # any stdlib file: the held-out split has too few files for batches of 64+
+        result["crossover"] = _crossover(engines, tok, sizes, args, None)
     write_json(args.output, header(result)) if args.output else None
     return 0
 

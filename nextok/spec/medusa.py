@@ -21,7 +21,7 @@ log = logging.getLogger("nextok")
 
 class MedusaProposer:
     name = "medusa"
-    needs_hidden_states = True  # the runner returns ModelOutput.hidden (worker/model_runner.py)
+    needs_hidden_states = True  # the runner returns ModelOutput.hidden (worker/step_output.py)
 
     def __init__(self, heads, model):
         self.heads = heads

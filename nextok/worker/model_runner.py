@@ -6,8 +6,6 @@ Owns the model, the paged KV pool and the per-sequence sampling generators. Only
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-
 import torch
 
 from nextok.attention.base import AttentionMetadata, PrefillChunk
@@ -17,43 +15,10 @@ from nextok.engine.scheduler import ScheduledSeq, SchedulerOutput
 from nextok.engine.sequence import PENDING
 from nextok.model.registry import model_class
 from nextok.worker.sampler import Sampler, SamplingMetadata
+from nextok.worker.step_output import LastHidden, LaunchedStep, ModelOutput, SeqLogprobs
 
 log = logging.getLogger("nextok")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class SeqLogprobs:
-    logprob: float  # of the sampled token
-    top: list[tuple[int, float]]  # (token id, logprob), best first
-
-
-@dataclass
-class LastHidden:
-    """For a proposer that drafts from the target's hidden states (spec/medusa.py): per sequence
-    that got tokens in a step, the final hidden state (after the norm) of the row whose logits
-    gave its newest token: a decode or prefill's last row, a verify step's last accepted row."""
-    seq_ids: list[int]
-    positions: list[int]  # each row's position (the sequence's length - 2 once its token is in)
-    rows: torch.Tensor  # [N, hidden], a copy (never a CUDA graph's output buffer)
-
-
-@dataclass
-class ModelOutput:
-    # seq_id -> token id; for a verify step (speculative decoding) the list of its tokens
-    sampled: dict[int, int | list[int]] = field(default_factory=dict)
-    logprobs: dict[int, SeqLogprobs] = field(default_factory=dict)  # for seqs that asked
-    hidden: LastHidden | None = None  # only when the proposer reads hidden states
-
-
-@dataclass
-class LaunchedStep:
-    """A step whose work is queued on the device; `collect` waits for its results."""
-    seqs: list  # the sampling sequences, in the row order of the results
-    results: dict[str, torch.Tensor]  # sampled [S], logprobs [S], top_ids / top_logprobs [S, K]
-    done: object = None  # a CUDA event recorded after the copies to (pinned) host memory
-    verified: dict[int, list[int]] = field(default_factory=dict)  # verify steps' tokens (host)
-    hidden: LastHidden | None = None
 
 
 class ModelRunner:
@@ -191,8 +156,9 @@ class ModelRunner:
         """Queue the step's work on the device (model, logits, sampler, copies of the results
         to the host) without waiting for it. A PENDING input token is the previous launch's
         sampled token for that sequence, taken on the device."""
-        # Single-token queries first (one batched attention call), then multi-token chunks.
-        items = sorted(out.scheduled, key=lambda s: s.num_new_tokens != 1)
+        # Single-token queries and verify steps first (one batched attention call over decode
+        # rows), then multi-token chunks.
+        items = sorted(out.scheduled, key=lambda s: s.num_new_tokens != 1 and not s.draft)
         host, prefills, sample_rows, sample_items, pending, verify = self._prepare(items)
         input_ids = self._input_ids(host["ids"], pending)
         n = len(host["ids"])
@@ -272,7 +238,7 @@ class ModelRunner:
         """The step's inputs as host tensors (pinned on CUDA, for asynchronous copies):
         ids, pos, slots [T]; decode tables [num_decode, max blocks] (padded with block 0) and
         lens [num_decode]; plus the prefill chunks, the rows that sample, and each verify
-        step's rows (its last token, then its drafts: a chunk of 1 + len(draft) tokens)."""
+        step's rows (its last token, then its drafts: 1 + len(draft) decode rows)."""
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
@@ -291,9 +257,12 @@ class ModelRunner:
             pos += range(start, start + n)
             table = seq.block_table
             slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
-            if n == 1:
-                decode_tables.append(table)
-                decode_lens.append(start + 1)
+            if n == 1 or it.draft:
+                # a verify step's rows are decode queries too: row j attends to positions
+                # <= start + j (this step's KV is stored before attention reads it), so verify
+                # steps run in the decode kernels and fit the decode CUDA graphs
+                decode_tables += [table] * n
+                decode_lens += range(start + 1, start + n + 1)
             else:
                 nb = -(-(start + n) // bs)
                 prefills.append(PrefillChunk(q_start, n, start + n, self._host(table[:nb])))

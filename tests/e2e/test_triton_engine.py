@@ -82,3 +82,22 @@ def test_int8_kv_cache_engine(model_path, tmp_path):
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     assert ([o.outputs[0].token_ids for o in tri.generate(prompts, params)]
             == [o.outputs[0].token_ids for o in ref.generate(prompts, params)])
+
+
+def test_verify_steps_in_the_triton_decode_kernels(engines, model_path):
+    """ngram speculation on the Triton backend: a verify step's rows run as decode queries (each
+    row attends to the positions up to its own), and greedy output equals the plain engine's."""
+    triton_llm, _ = engines
+    cfg = triton_llm.engine.config
+    spec_llm = LLM(model=cfg.model_path, load_format="dummy", tokenizer=model_path, dtype="float32",
+                   device=triton_llm.engine.runner.device.type, max_num_batched_tokens=24,
+                   num_kv_blocks=64, attention_backend="triton", speculative="ngram",
+                   num_speculative_tokens=3)
+    gen = torch.Generator().manual_seed(2)
+    loop = torch.randint(100, 40000, (6,), generator=gen).tolist()
+    prompts = [loop * 4, torch.randint(100, 40000, (9,), generator=gen).tolist() + loop * 2]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    ours = [o.outputs[0].token_ids for o in spec_llm.generate(prompts, params)]
+    ref = [o.outputs[0].token_ids for o in triton_llm.generate(prompts, params)]
+    assert ours == ref
+    assert spec_llm.engine.spec_stats["steps"] > 0  # drafts were verified
