@@ -74,6 +74,9 @@ class DraftModelProposer:
         self.max_model_len = max_model_len
         self.max_chunk_tokens = max_chunk_tokens
         self.num_no_room = 0  # proposals skipped because the draft pool was full
+        # On CUDA the draft's single-token steps replay graphs over its own pool, as the
+        # target's decode steps do (eagerly, a small model's step is all launch overhead)
+        self.graphs = runner.capture_graphs(self.kv_caches)
         k_cache = self.kv_caches[0][0]
         mib = 2 * num_layers * k_cache.numel() * k_cache.element_size() / (1 << 20)
         log.info("%s: %d draft layers, own KV pool of %d blocks (%.0f MiB)", name, num_layers,
@@ -155,7 +158,14 @@ class DraftModelProposer:
         """chunks: (token ids, first position, block table) -> (hidden [T, hidden], last rows).
         input_ids: the ids on the device already (decode steps feed the previous drafts)."""
         ids, positions, meta, last_rows = self.runner.chunk_inputs(chunks)
-        hidden = self.model(ids if input_ids is None else input_ids, positions, self.kv_caches, meta)
+        ids = ids if input_ids is None else input_ids
+        n = len(ids)
+        if self.graphs is not None and self.graphs.fits(n, meta.num_decode, len(meta.prefills)):
+            # (the graph's output buffer: read before the next replay, as every caller does)
+            hidden = self.graphs.run(ids, positions, meta.slot_mapping, meta.decode_block_tables,
+                                     meta.decode_context_lens)
+        else:
+            hidden = self.model(ids, positions, self.kv_caches, meta)
         return hidden, last_rows
 
     def _catch_up(self, work: list[_Work]) -> torch.Tensor:

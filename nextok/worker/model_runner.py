@@ -125,23 +125,29 @@ class ModelRunner:
                 for _ in range(mc.num_hidden_layers if num_layers is None else num_layers)]
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        mc = self.config.model
         self.kv_caches = self.new_kv_caches(num_blocks)
-        cfg = self.config
-        if (self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager
-                and cfg.cuda_graph_max_batch > 0):
-            from nextok.worker.cuda_graph import CudaGraphRunner
+        self.graphs = self.capture_graphs(self.kv_caches)
 
-            max_batch = min(cfg.cuda_graph_max_batch, cfg.scheduler.max_num_seqs)
-            max_blocks = -(-self.max_model_len // self.block_size)
-            graphs = CudaGraphRunner(self.model, self.kv_caches, max_batch, max_blocks,
-                                     mc.sliding_window, self.device)
-            try:
-                graphs.capture()
-                self.graphs = graphs
-            except RuntimeError as e:  # serve eagerly rather than not at all, and say so loudly
-                log.warning("CUDA graph capture failed, decode runs eagerly (--enforce-eager "
-                            "silences this): %s", e)
+    def capture_graphs(self, kv_caches: list):
+        """Decode-step CUDA graphs of this model over kv_caches (CUDA, triton, not eager), or None.
+        Also a draft's own pool (spec/draft.py): the model runs one layer per cache given."""
+        cfg = self.config
+        if (self.device.type != "cuda" or cfg.attention_backend != "triton" or cfg.enforce_eager
+                or cfg.cuda_graph_max_batch <= 0):
+            return None
+        from nextok.worker.cuda_graph import CudaGraphRunner
+
+        max_batch = min(cfg.cuda_graph_max_batch, cfg.scheduler.max_num_seqs)
+        max_blocks = -(-self.max_model_len // self.block_size)
+        graphs = CudaGraphRunner(self.model, kv_caches, max_batch, max_blocks,
+                                 cfg.model.sliding_window, self.device)
+        try:
+            graphs.capture()
+            return graphs
+        except RuntimeError as e:  # serve eagerly rather than not at all, and say so loudly
+            log.warning("CUDA graph capture failed, decode runs eagerly (--enforce-eager "
+                        "silences this): %s", e)
+            return None
 
     def release(self, seq_ids) -> None:
         for sid in seq_ids:

@@ -34,6 +34,9 @@ class _FakeRunner:
         pool = torch.zeros(num_blocks, self.block_size, 1, 1)  # never read by the fake model
         return [(pool, pool)] * num_layers
 
+    def capture_graphs(self, kv_caches):
+        return None  # CPU: no CUDA graphs
+
     def chunk_inputs(self, chunks):
         self.chunks += [(list(t), s, list(b)) for t, s, b in chunks]
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i][0]) != 1)
