@@ -59,6 +59,19 @@ def test_fp8_blocks_are_half_of_bf16():
     assert per_block("int8") == per_block("fp8") * (128 + 4) // 128
 
 
+def test_fp8_attention_backend_choice(monkeypatch):
+    """fp8 caches go to Triton where Triton has e4m3 (compute capability 8.9+, or its interpreter,
+    which conftest turns on), to the torch backend on older GPUs."""
+    from nextok.engine.factory import _attention_backend
+    from nextok.errors import NextokError
+
+    assert _attention_backend("triton", "cpu", "fp8") == "triton"  # the interpreter
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert _attention_backend("auto", "cuda", "fp8") == "torch"
+    with pytest.raises(NextokError, match="8.9 or newer"):
+        _attention_backend("triton", "cuda", "fp8")
+
+
 def _step(kv_dtype, seed=0):
     """A paged pool holding three sequences' keys, one decode step and one chunk over a prefix."""
     gen = torch.Generator().manual_seed(seed)
