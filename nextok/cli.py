@@ -48,9 +48,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quant-group-size", type=int, default=128,
                    help="int4: consecutive weights of a row sharing one scale and minimum")
     g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
-                   help="auto: the model's dtype; int8 / fp8 (e4m3): one byte per value and a "
-                        "float32 scale per cached row of a token and KV head (fp8: torch "
-                        "attention only)")
+                   help="auto: the model's dtype; int8: one byte per value and a float32 "
+                        "scale per cached row of a token and KV head; fp8: e4m3 values "
+                        "clamped to +-448, no scale (exactly half a bf16 cache's bytes)")
     g.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"],
                    help="launch each step before the host has collected the previous one "
                         "(auto: on for CUDA, off on CPU)")

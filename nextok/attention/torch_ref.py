@@ -35,7 +35,7 @@ class TorchRefBackend(AttentionBackend):
         quantized = kv_quant.is_quantized(k_cache)
         if kv_stored:
             pass
-        elif quantized:  # rows of int8 / fp8 values and their scale (attention/kv_quant.py)
+        elif quantized:  # int8 rows with their scale, or fp8 rows (attention/kv_quant.py)
             kv_quant.store(k_cache, v_cache, k, v, meta.slot_mapping)
         else:
             num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
@@ -56,7 +56,8 @@ class TorchRefBackend(AttentionBackend):
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # cache: [N, bs, KVH, D]; block_table: [..., nb] -> [..., nb * bs, KVH, D] in dtype
+    # cache: [N, bs, KVH, row]; block_table: [..., nb] -> [..., nb * bs, KVH, D] in dtype
+    # (row: D, or D + 4 for an int8 cache's rows with their scale, attention/kv_quant.py)
     # index_select of whole blocks as rows is a row memcpy, ~2.5x faster than cache[block_table].
     n, bs, kvh, d = cache.shape
     quantized = kv_quant.is_quantized(cache)

@@ -5,9 +5,9 @@ Per layer call: one KV-store launch (none on CUDA, where the fused RoPE kernel s
 one split-KV decode launch (+ one reduce) for all the single-token queries;
 one SDPA call per chunk without a cached prefix, and one launch for all the chunks that continue
 a cached prefix. The decode path reads context lengths on the device and has no host syncs, so
-it can be captured in a CUDA graph. An int8 cache (`--kv-cache-dtype int8`): the store quantizes
-each row and the paged kernels dequantize as they load; a fresh chunk's SDPA still attends over
-the step's own float k and v.
+it can be captured in a CUDA graph. An int8 or fp8 cache (`--kv-cache-dtype`): the store
+quantizes each row and the paged kernels dequantize as they load; a fresh chunk's SDPA still
+attends over the step's own float k and v.
 """
 from __future__ import annotations
 

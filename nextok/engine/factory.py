@@ -156,13 +156,16 @@ def _gguf_activations(name: str, dtype: str) -> str:
 
 def _attention_backend(name: str, device: str, kv_cache_dtype: str = "auto") -> str:
     """auto: triton on CUDA (where Triton imports), the torch reference on CPU. An fp8 KV cache
-    is read by the torch reference backend only, so far."""
+    goes to Triton where Triton has e4m3 (compute capability 8.9 or newer, or its interpreter),
+    to the torch reference elsewhere."""
     if name not in ("auto", "torch", "triton"):
         raise NextokError(f"--attention-backend must be auto, torch or triton, not {name!r}")
-    if kv_cache_dtype == "fp8":
+    if (kv_cache_dtype == "fp8" and device.startswith("cuda")
+            and torch.cuda.get_device_capability(device) < (8, 9)):
         if name == "triton":
-            raise NextokError("--kv-cache-dtype fp8 runs with the torch attention backend only "
-                              "(the Triton kernels read int8 caches)")
+            raise NextokError("--kv-cache-dtype fp8 with the Triton attention backend needs "
+                              "compute capability 8.9 or newer (Triton's e4m3); use "
+                              "--attention-backend torch")
         return "torch"
     if name == "torch" or (name == "auto" and device != "cuda"):
         return "torch"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from nextok.attention import kv_quant
 from nextok.model.layers import RotaryEmbedding, rms_norm
 
 
@@ -47,11 +48,15 @@ class RefFusedOps:
                            k_cache: torch.Tensor, v_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
         """rope_neox on the q and k heads, then the rotated k heads and the v heads of each row
-        into the caches [num_blocks, block_size, KVH, D] at slot_mapping [T] (-1: not stored)."""
+        into the caches [num_blocks, block_size, KVH, D] at slot_mapping [T] (-1: not stored);
+        quantized caches take quantized rows (attention/kv_quant.py)."""
         self.rope_neox(qkv, num_q_heads + num_kv_heads, head_dim, cos, sin)
         t, kv = qkv.shape[0], num_kv_heads * head_dim
         k = qkv[:, num_q_heads * head_dim:][:, :kv].reshape(t, num_kv_heads, head_dim)
         v = qkv[:, num_q_heads * head_dim + kv:][:, :kv].reshape(t, num_kv_heads, head_dim)
+        if kv_quant.is_quantized(k_cache):
+            kv_quant.store(k_cache, v_cache, k, v, slot_mapping)
+            return
         keep = slot_mapping >= 0
         for cache, x in ((k_cache, k), (v_cache, v)):
             cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping[keep], x[keep])

@@ -38,8 +38,9 @@ class Attention(nn.Module):
         t = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
         stored = False
-        # RoPE and the KV store in one launch, unless the cache holds quantized rows
-        if self.fused is not None and self.store_kv_in_rope and kv_cache[0].dtype == qkv.dtype:
+        # RoPE and the KV store in one launch, unless the cache holds int8 rows with their scale
+        if (self.fused is not None and self.store_kv_in_rope
+                and kv_cache[0].dtype in (qkv.dtype, torch.float8_e4m3fn)):
             self.fused.rope_neox_store_kv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
                                           *rope_cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping)
             stored = True

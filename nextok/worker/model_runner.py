@@ -104,7 +104,7 @@ class ModelRunner:
         kind = self.config.cache.kv_cache_dtype
         if kind == "auto":
             return self.dtype, head_dim
-        return kv_quant.DTYPES[kind], head_dim + kv_quant.SCALE_BYTES  # q, then its float32 scale
+        return kv_quant.DTYPES[kind], kv_quant.row_width(kv_quant.DTYPES[kind], head_dim)
 
     def kv_bytes_per_block(self) -> int:
         mc = self.config.model
@@ -119,7 +119,7 @@ class ModelRunner:
         dtype, row = self._kv_row()
         shape = self.backend.kv_cache_shape(num_blocks, self.block_size, mc.num_key_value_heads, row)
         # Zeroed, not empty: padded slots are masked, but 0 * NaN garbage would still poison SDPA.
-        # (A zero row of a quantized cache has scale 0: it dequantizes to zeros.)
+        # (A zero row of a quantized cache dequantizes to zeros.)
         return [(torch.zeros(shape, dtype=dtype, device=self.device),
                  torch.zeros(shape, dtype=dtype, device=self.device))
                 for _ in range(mc.num_hidden_layers if num_layers is None else num_layers)]

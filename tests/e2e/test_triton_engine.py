@@ -67,16 +67,24 @@ def test_fused_rope_and_kv_store_keep_the_tokens(engines):
     assert model.layers[0].self_attn.store_kv_in_rope == hasattr(before, "rope_neox_store_kv")
 
 
-def test_int8_kv_cache_engine(model_path, tmp_path):
-    """--kv-cache-dtype int8 through the Triton kernels gives the torch backend's tokens. (Fresh
-    prompts go to SDPA on the step's own float k and v in the Triton backend, and read back
-    the quantized rows in the torch one: the same tokens here, not the same bits.)"""
+@pytest.mark.parametrize("kind,dtype", [("int8", torch.int8), ("fp8", torch.float8_e4m3fn)])
+def test_quantized_kv_cache_engine(model_path, tmp_path, kind, dtype):
+    """--kv-cache-dtype int8 / fp8 through the Triton kernels gives the torch backend's tokens.
+    (Fresh prompts go to SDPA on the step's own float k and v in the Triton backend, and read
+    back the quantized rows in the torch one: the same tokens here, not the same bits.) fp8 runs
+    with Triton's fused ops, as on CUDA: the RoPE kernel stores the e4m3 rows."""
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     common = dict(model=str(tmp_path), load_format="dummy", tokenizer=model_path, dtype="float32",
-                  device=device, max_num_batched_tokens=24, num_kv_blocks=64, kv_cache_dtype="int8")
+                  device=device, max_num_batched_tokens=24, num_kv_blocks=64, kv_cache_dtype=kind)
     tri, ref = LLM(attention_backend="triton", **common), LLM(attention_backend="torch", **common)
-    assert tri.engine.runner.kv_caches[0][0].dtype == torch.int8
+    assert tri.engine.runner.backend.name == "triton"
+    assert tri.engine.runner.kv_caches[0][0].dtype == dtype
+    if kind == "fp8":
+        from nextok.kernels.triton.fused import TritonFusedOps
+
+        tri.engine.runner.model.set_fused_ops(TritonFusedOps())
+        assert tri.engine.runner.model.layers[0].self_attn.store_kv_in_rope
     gen = torch.Generator().manual_seed(2)
     prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in (4, 30, 11)]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

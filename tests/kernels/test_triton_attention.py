@@ -203,8 +203,59 @@ def test_int8_kv_cache(window):
     torch.testing.assert_close(out, want, rtol=2e-3, atol=2e-3)
 
 
-def test_triton_refuses_fp8_caches():
-    kc = torch.zeros(4, BLOCK_SIZE, KV_HEADS, HEAD_DIM + 4, dtype=torch.float8_e4m3fn, device=DEVICE)
-    with pytest.raises(ValueError, match="int8"):
+@pytest.mark.parametrize("window", WINDOWS)
+def test_fp8_kv_cache(window):
+    """An fp8 pool (rows of D e4m3 values, no scale, attention/kv_quant.py): the Triton store
+    writes the bytes the torch backend writes (clamped to +-448), and the decode and paged
+    prefill kernels read the pool as the torch backend does."""
+    from nextok.attention import kv_quant
+
+    lens = [(n, 1) for n in DECODE_LENS] + CHUNKS
+    step = Step(lens, HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, window, torch.float32, seed=6)
+    step.v[0, 0, :2] = torch.tensor([1000.0, -600.0])  # beyond e4m3's range: stored as +-448
+    kc = kv_quant.quantize_rows(step.k_cache, torch.float8_e4m3fn)
+    vc = kv_quant.quantize_rows(step.v_cache, torch.float8_e4m3fn)
+    meta = dataclasses.replace(step.meta)
+    tri_kc, tri_vc = kc.clone(), vc.clone()
+    out = TritonBackend(sdpa_for_fresh_chunks=False).forward(step.q, step.k, step.v, tri_kc, tri_vc,
+                                                             meta, step.scale)
+    width = meta.decode_block_tables.shape[1] * BLOCK_SIZE
+    meta.decode_mask = decode_mask(meta.decode_context_lens, width, window)
+    ref_kc, ref_vc = kc.clone(), vc.clone()
+    want = TorchRefBackend().forward(step.q, step.k, step.v, ref_kc, ref_vc, meta, step.scale)
+    for got, ref in ((tri_kc, ref_kc), (tri_vc, ref_vc)):
+        assert torch.equal(got.view(torch.uint8), ref.view(torch.uint8))
+        assert not torch.equal(got.view(torch.uint8), kc.view(torch.uint8))  # this step's rows
+    slot = int(meta.slot_mapping[0])
+    assert tri_vc.view(-1, KV_HEADS, HEAD_DIM)[slot, 0, :2].float().tolist() == [448.0, -448.0]
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_fp8_store_rounds_as_torch():
+    """The Triton store's e4m3 rounding (kernels/triton/e4m3.py, by hand: the interpreter's own
+    cast is wrong) gives torch's bytes at every tie between two e4m3 values, on subnormals,
+    on -0 and past +-448."""
+    from nextok.attention import kv_quant
+
+    e4m3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    e4m3 = e4m3[~e4m3.isnan()].unique()  # ascending, -448 .. 448
+    ties = (e4m3[1:] + e4m3[:-1]) / 2
+    special = torch.tensor([0.0, -0.0, -1e-4, 3e-3, 460.0, -1e5, 1e-7, 0.1])
+    x = torch.cat([ties, special, torch.zeros(-(len(ties) + 8) % (KV_HEADS * HEAD_DIM))])
+    k = x.view(-1, KV_HEADS, HEAD_DIM).to(DEVICE)
+    n = k.shape[0]
+    kc, vc = (torch.zeros(n, 1, KV_HEADS, HEAD_DIM, dtype=torch.float8_e4m3fn, device=DEVICE)
+              for _ in range(2))
+    want_k, want_v = kc.clone(), vc.clone()
+    slots = torch.arange(n, device=DEVICE)
+    store_kv(k, -k, kc, vc, slots)
+    kv_quant.store(want_k, want_v, k, -k, slots)
+    assert torch.equal(kc.view(torch.uint8), want_k.view(torch.uint8))
+    assert torch.equal(vc.view(torch.uint8), want_v.view(torch.uint8))
+
+
+def test_triton_refuses_other_byte_caches():
+    kc = torch.zeros(4, BLOCK_SIZE, KV_HEADS, HEAD_DIM, dtype=torch.float8_e5m2, device=DEVICE)
+    with pytest.raises(ValueError, match="int8 or fp8"):
         store_kv(torch.zeros(1, KV_HEADS, HEAD_DIM, device=DEVICE), torch.zeros(1, KV_HEADS, HEAD_DIM, device=DEVICE),
                  kc, kc.clone(), torch.zeros(1, dtype=torch.long, device=DEVICE))

@@ -181,6 +181,36 @@ def test_rope_and_kv_store_in_one_launch(dtype, heads):
     assert torch.equal(want[0].view(-1, kv_heads, d)[11], k[3])  # the reference stores the rotated k
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_and_kv_store_into_fp8_caches(dtype):
+    """With fp8 caches (e4m3 rows without a scale, attention/kv_quant.py) the same launch stores
+    clamp(x, -448, 448) cast to e4m3 (nearest even) of the rotated k and of v: the bytes the
+    torch store (kv_quant.store) writes for them, here and in the reference ops."""
+    from nextok.attention import kv_quant
+
+    q_heads, kv_heads, d = HEADS[0]
+    rows, page, blocks = 5, 3, 4
+    gen = _gen("rope-store-fp8", dtype)
+    qkv = _randn(gen, rows, (q_heads + 2 * kv_heads) * d, dtype=dtype, scale=4.0)
+    qkv[1, -3:] = torch.tensor([1000.0, -500.0, 0.001])  # v values past e4m3's range, and small
+    cos, sin = _cos_sin(gen, rows, d, dtype)
+    caches = [torch.zeros(blocks, page, kv_heads, d, dtype=torch.float8_e4m3fn, device=DEVICE)
+              for _ in range(2)]
+    ref_caches = [c.clone() for c in caches]
+    slots = torch.tensor([4, 0, -1, 11, 7], device=DEVICE)
+    ref_qkv = qkv.clone()
+    TRI.rope_neox_store_kv(qkv, q_heads, kv_heads, d, cos, sin, *caches, slots)
+    REF.rope_neox_store_kv(ref_qkv, q_heads, kv_heads, d, cos, sin, *ref_caches, slots)
+    want = [torch.zeros_like(c) for c in caches]
+    kv = qkv[:, q_heads * d:].reshape(rows, 2, kv_heads, d)  # the kernel's own rotated k, and v
+    kv_quant.store(*want, kv[:, 0], kv[:, 1], slots)
+    for got, ref, exact in zip(caches, ref_caches, want):
+        assert torch.equal(got.view(torch.uint8), exact.view(torch.uint8))
+        # the reference rotates with torch's roundings (the same bits but for a rare tie)
+        assert (got.view(torch.uint8) != ref.view(torch.uint8)).float().mean() < 0.01
+    assert caches[1].view(-1, kv_heads, d)[0, -1, -3:].float().tolist() == [448.0, -448.0, 2 ** -9]
+
+
 def test_fused_ops_for_binds_once_per_device_and_dtype():
     from nextok.kernels.cpu_fused import FusedOps, load_fused_ops
     from nextok.kernels.select import fused_ops_for

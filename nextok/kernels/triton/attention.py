@@ -8,10 +8,11 @@ GQA: query head h reads KV head h // G with G = H // KVH. Every kernel runs one 
 head and packs the G query heads that share it into the rows of its query tile, so each K/V tile
 is loaded once for all of them.
 
-An int8 cache (`--kv-cache-dtype int8`) has rows of D + 4 bytes: D int8 values and their
-float32 scale (attention/kv_quant.py). The store quantizes each row; the attention kernels
-dequantize each K/V tile to the query's dtype as they load it, reading the scales through a
-float32 view of the same cache (row strides in bytes / 4).
+Quantized caches (attention/kv_quant.py), one constexpr QUANT per launch: 0 none; 1 int8,
+rows of D + 4 bytes, D int8 values and their float32 scale; 2 fp8 (e4m3), rows of D values
+and no scale. The store quantizes each row (fp8: clamps to +-448 and casts); the attention
+kernels convert each K/V tile to the query's dtype as they load it, int8 reading the scales
+through a float32 view of the same cache (row strides in bytes / 4).
 
 Softmax runs in base 2: scores are scaled by scale * log2(e), and the split-KV partials store
 their log-sum-exp in base 2 as well. Accumulation is float32; tl.dot runs at "ieee" precision so
@@ -27,6 +28,7 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from nextok.kernels.triton import pdl
+from nextok.kernels.triton.e4m3 import to_e4m3
 from nextok.kernels.triton.pdl import pdl_wait
 
 LOG2E = 1.4426950408889634
@@ -40,8 +42,9 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, slot_ptr,
                      KVH: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, QUANT: tl.constexpr,
                      BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     # One program per token: copies its [KVH, D] key and value rows into the slot's page row.
-    # QUANT: int8 rows, q = round(x / s) with s = max|x| / 127, and s as float32 in the row's
+    # QUANT 1: int8 rows, q = round(x / s) with s = max|x| / 127, and s as float32 in the row's
     # last 4 bytes (ks_ptr, vs_ptr: the caches viewed as float32; attention/kv_quant.py).
+    # QUANT 2: fp8 rows, clamp(x, -448, 448) cast to e4m3 (round to nearest even), no scale.
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t)
     h = tl.arange(0, BLOCK_H)[:, None]
@@ -50,10 +53,13 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, slot_ptr,
     dst = (slot // PAGE) * s_cb + (slot % PAGE) * s_cs + h * s_ch + d * s_cd
     k = tl.load(k_ptr + t * s_kt + h * s_kh + d * s_kd, mask=mask)
     v = tl.load(v_ptr + t * s_vt + h * s_vh + d * s_vd, mask=mask)
-    if QUANT:
+    if QUANT == 1:
         srow = (slot // PAGE) * (s_cb // 4) + (slot % PAGE) * (s_cs // 4) + h * (s_ch // 4) + D // 4
         _store_int8_rows(kc_ptr + dst, ks_ptr + srow, k.to(tl.float32), mask, (h < KVH) & (slot >= 0))
         _store_int8_rows(vc_ptr + dst, vs_ptr + srow, v.to(tl.float32), mask, (h < KVH) & (slot >= 0))
+    elif QUANT == 2:
+        tl.store(kc_ptr + dst, to_e4m3(k.to(tl.float32), kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + dst, to_e4m3(v.to(tl.float32), vc_ptr.dtype.element_ty), mask=mask)
     else:
         tl.store(kc_ptr + dst, k, mask=mask)
         tl.store(vc_ptr + dst, v, mask=mask)
@@ -73,7 +79,8 @@ def _store_int8_rows(q_ptrs, s_ptrs, x, mask, row_mask):
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """k, v: [T, KVH, D] -> caches [num_blocks, block_size, KVH, D] at slot_mapping [T] (int64);
-    int8 caches [num_blocks, block_size, KVH, D + 4] take quantized rows (attention/kv_quant.py)."""
+    int8 caches [num_blocks, block_size, KVH, D + 4] and fp8 ones take quantized rows
+    (attention/kv_quant.py)."""
     t, kvh, d = k.shape
     if t == 0:
         return
@@ -85,13 +92,15 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 def _scale_views(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple:
-    """(k float32 view, v float32 view, True) of int8 caches, whose rows end in a float32 scale;
-    (k_cache, v_cache, False) (unused) otherwise."""
-    if k_cache.dtype == torch.float32 or k_cache.element_size() != 1:
-        return k_cache, v_cache, False
-    if k_cache.dtype != torch.int8:
-        raise ValueError(f"the Triton kernels read int8 KV caches, not {k_cache.dtype}")
-    return k_cache.view(torch.float32), v_cache.view(torch.float32), True
+    """(k float32 view, v float32 view, 1) of int8 caches, whose rows end in a float32 scale;
+    (k_cache, v_cache, QUANT) otherwise, the views unused: QUANT 2 for fp8 caches, else 0."""
+    if k_cache.dtype == torch.int8:
+        return k_cache.view(torch.float32), v_cache.view(torch.float32), 1
+    if k_cache.dtype == torch.float8_e4m3fn:
+        return k_cache, v_cache, 2
+    if k_cache.element_size() == 1:
+        raise ValueError(f"the Triton kernels read int8 or fp8 KV caches, not {k_cache.dtype}")
+    return k_cache, v_cache, 0
 
 
 # ---- shared: online softmax over a range of keys -------------------------------------------------
@@ -110,9 +119,11 @@ def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, ks_ba
     off = blk[:, None] * s_cb + (pos_k % PAGE)[:, None] * s_cs + d_off[None, :]
     kv_mask = k_ok[:, None] & d_mask[None, :]
     k = tl.load(k_base + off, mask=kv_mask, other=0.0)  # [N, BD]
-    if QUANT:  # int8 rows, each with its float32 scale (ks_base: the cache viewed as float32)
+    if QUANT == 1:  # int8 rows, each with its float32 scale (ks_base: the cache viewed as float32)
         srow = blk * (s_cb // 4) + (pos_k % PAGE) * (s_cs // 4) + SCALE_COL
         k = (k.to(tl.float32) * tl.load(ks_base + srow, mask=k_ok, other=0.0)[:, None]).to(q.dtype)
+    if QUANT == 2:  # fp8 rows: the values themselves (through float32: every target converts it)
+        k = k.to(tl.float32).to(q.dtype)
     if INTERPRET:  # the interpreter's tl.dot multiplies bfloat16's raw bits: upcast there
         q, k = q.to(tl.float32), k.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [M, N]
@@ -130,8 +141,10 @@ def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, ks_ba
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     v = tl.load(v_base + off, mask=kv_mask, other=0.0)
-    if QUANT:
+    if QUANT == 1:
         v = (v.to(tl.float32) * tl.load(vs_base + srow, mask=k_ok, other=0.0)[:, None]).to(q.dtype)
+    if QUANT == 2:
+        v = v.to(tl.float32).to(q.dtype)
     pv = p.to(v.dtype)
     if INTERPRET:
         pv, v = pv.to(tl.float32), v.to(tl.float32)

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from nextok.kernels.triton import pdl
+from nextok.kernels.triton.e4m3 import to_e4m3
 from nextok.kernels.triton.pdl import pdl_wait
 
 
@@ -80,12 +81,14 @@ def _silu_mul_kernel(gu_ptr, out_ptr, gu_stride, out_stride, inter, BLOCK: tl.co
 def _rope_neox_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr, qkv_stride, cos_stride,
                       sin_stride, num_heads, num_q_heads, num_kv_heads, s_cb, s_cs, s_ch,
                       HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, STORE: tl.constexpr,
-                      BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+                      FP8: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                      PDL: tl.constexpr):
     # Program (row, block of heads): (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) per head,
     # x1 the first half of a head, x2 the second; cos/sin [D/2] loaded once for the row.
     # STORE: heads [num_q_heads, num_heads) are the k heads; each rotated k head and the v head
     # of the same index (num_kv_heads heads further along the row) are also written to the
-    # caches' row of this token's slot (-1: a padding token, written nowhere).
+    # caches' row of this token's slot (-1: a padding token, written nowhere). FP8: the caches
+    # hold e4m3 rows without a scale (attention/kv_quant.py): values clamp to +-448 and cast.
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -111,12 +114,20 @@ def _rope_neox_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr, qkv_s
         kv_head = heads - num_q_heads  # [BLOCK_H]; negative for q heads
         kmask = mask & (kv_head[:, None] >= 0) & (slot >= 0)
         dst = (slot // PAGE) * s_cb + (slot % PAGE) * s_cs + kv_head[:, None] * s_ch + cols[None, :]
-        tl.store(kc_ptr + dst, o1, mask=kmask)
-        tl.store(kc_ptr + dst + half, o2, mask=kmask)
         v1 = tl.load(p1 + num_kv_heads * HEAD_DIM, mask=kmask)
         v2 = tl.load(p2 + num_kv_heads * HEAD_DIM, mask=kmask)
-        tl.store(vc_ptr + dst, v1, mask=kmask)
-        tl.store(vc_ptr + dst + half, v2, mask=kmask)
+        tl.store(kc_ptr + dst, _cache_value(o1, kc_ptr, FP8), mask=kmask)
+        tl.store(kc_ptr + dst + half, _cache_value(o2, kc_ptr, FP8), mask=kmask)
+        tl.store(vc_ptr + dst, _cache_value(v1, vc_ptr, FP8), mask=kmask)
+        tl.store(vc_ptr + dst + half, _cache_value(v2, vc_ptr, FP8), mask=kmask)
+
+
+@triton.jit
+def _cache_value(x, cache_ptr, FP8: tl.constexpr):
+    # x as the cache stores it: itself, or (FP8) clamped to +-448 and cast to e4m3
+    if FP8:
+        return to_e4m3(x.to(tl.float32), cache_ptr.dtype.element_ty)
+    return x
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -201,9 +212,13 @@ class TritonFusedOps:
                            slot_mapping: torch.Tensor) -> None:
         """rope_neox over the q and k heads of qkv [T, (H + 2 KVH) * D], then the rotated k and
         the v heads of each row into the caches [num_blocks, block_size, KVH, D] at
-        slot_mapping [T] (-1: not stored), in one launch instead of two."""
+        slot_mapping [T] (-1: not stored), in one launch instead of two. Caches of the
+        activation dtype or fp8 (e4m3 rows without a scale, attention/kv_quant.py)."""
         if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
             raise ValueError("k and v caches need the same strides and unit-stride rows")
+        if k_cache.dtype not in (qkv.dtype, torch.float8_e4m3fn):
+            raise ValueError(f"rope_neox_store_kv writes {qkv.dtype} or fp8 caches, "
+                             f"not {k_cache.dtype}")
         self._rope(qkv, num_q_heads + num_kv_heads, head_dim, cos, sin,
                    (k_cache, v_cache, slot_mapping, num_q_heads, num_kv_heads))
 
@@ -228,4 +243,5 @@ class TritonFusedOps:
         _rope_neox_kernel[(t, triton.cdiv(num_heads, block_h))](
             qkv, cos, sin, kc, vc, slots, qkv.stride(0), cos.stride(0), sin.stride(0), num_heads,
             num_q, num_kv, *strides, HEAD_DIM=head_dim, PAGE=page, STORE=store is not None,
-            BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4, enable_fp_fusion=False, **_pdl(qkv.device))
+            FP8=kc.dtype == torch.float8_e4m3fn, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4,
+            enable_fp_fusion=False, **_pdl(qkv.device))
