@@ -70,7 +70,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-speculative-tokens", type=int, default=4,
                    help="draft tokens proposed per step, at most (1-15)")
     g.add_argument("--ngram-min", type=int, default=1, help="ngram: shortest suffix looked up")
-    g.add_argument("--ngram-max", type=int, default=4, help="ngram: longest suffix looked up")
+    g.add_argument("--ngram-max", type=int, default=8, help="ngram: longest suffix looked up")
     g.add_argument("--medusa-heads", default=None, metavar="PATH",
                    help="medusa: heads written by `nextok train medusa` (the file or its directory); "
                         "drafts per step: the number of heads, or --num-speculative-tokens if fewer")

@@ -93,7 +93,7 @@ class SpeculativeConfig:
     method: str | None = None
     num_speculative_tokens: int = 4  # draft tokens proposed per step, at most
     ngram_min: int = 1  # ngram: the shortest suffix of the sequence looked up in its history
-    ngram_max: int = 4  # ... and the longest (the longest match wins)
+    ngram_max: int = 8  # ... and the longest (the longest match wins)
     # Propose only while at most this many sequences run: beyond it a verify step's extra rows
     # would cost more than the accepted tokens save. Measured on the 2-core Xeon (BENCHMARKS.md,
     # code prompts, K = 4, output tok/s off -> ngram): 1: 42 -> 74, 2: 73 -> 66, 4: 105 -> 126,

@@ -53,7 +53,7 @@ class EngineArgs:
     speculative: str | None = None  # None | ngram | draft | self-draft | medusa (nextok/spec/)
     num_speculative_tokens: int = 4
     ngram_min: int = 1
-    ngram_max: int = 4
+    ngram_max: int = 8
     speculative_disable_batch_size: int = 16
     draft_model: str | None = None
     self_draft_layers: int | None = None

@@ -116,5 +116,25 @@ def test_ngram_proposer():
     assert p.propose([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]  # "1 2" seen before: what followed it
     assert p.propose([1, 2, 3, 9, 2, 3, 7, 2, 3], 2) == [7, 2]  # the most recent occurrence
     assert p.propose([5, 6, 7], 2) == []  # nothing repeats
-    assert p.propose([4, 4, 4], 5) == [4]  # runs into the end of the sequence
+    assert p.propose([4, 4, 4], 5) == [4, 4, 4, 4]  # a repeat continues past the end (cap 4)
     assert NgramProposer(2, 2).propose([1, 2, 9, 2], 2) == []  # "9 2" never seen before
+
+
+def test_ngram_proposer_prefers_the_longest_match():
+    # "2 3" last followed by 6, but "1 2 3" occurred too, followed by 5: the longer match wins
+    assert NgramProposer(1, 8).propose([1, 2, 3, 5, 9, 2, 3, 6, 1, 2, 3], 2) == [5, 9]
+    # with n_max = 2 both are 2-token matches: the most recent wins
+    assert NgramProposer(1, 2).propose([1, 2, 3, 5, 9, 2, 3, 6, 1, 2, 3], 2) == [6, 1]
+
+
+def test_ngram_draft_length_follows_the_match_length():
+    p = NgramProposer(1, 8)
+    assert p.propose([7, 8, 9, 7], 4) == [8]  # a 1-token match: 1 token
+    assert p.propose([1, 2, 3, 4, 5, 6, 7, 1, 2], 7) == [3, 4, 5, 6]  # 2 tokens: at most 4
+    assert p.propose([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4], 7) == [5, 6, 7, 8, 9, 1, 2]  # 4: k
+    assert p.propose([1, 2, 3, 4, 5, 6, 7, 1, 2], 2) == [3, 4]  # never more than k
+
+
+def test_ngram_draft_continues_a_loop_past_the_end():
+    # period 3, matched over 4 tokens: k tokens of the loop, not only the 2 left before the end
+    assert NgramProposer(1, 8).propose([5, 6, 7, 5, 6, 7, 5], 7) == [6, 7, 5, 6, 7, 5, 6]
