@@ -2,7 +2,8 @@
 # Issue 8 (speculative decoding) on the H200, from the repo root of the GPU machine:
 #   bash benchmarks/gpu/issue8.sh 8b      dummy Llama-3.1-8B, ngram vs off: concurrency 1 and the
 #                                         throughput crossover over batch sizes; then (issue 7)
-#                                         FP8 vs bf16 offline throughput, A/B interleaved
+#                                         the KV capacity per cache dtype and, with ROUNDS=N,
+#                                         N pairs of FP8 vs bf16 offline throughput
 #   bash benchmarks/gpu/issue8.sh model   the default model in bf16: off vs ngram, self-draft and
 #                                         medusa (heads trained there first by nextok train
 #                                         medusa), on code / edit / random
@@ -42,7 +43,12 @@ case "${1:-}" in
     TAIL=24 spec llama-8b-ngram --model $L8B $DUMMY --methods ngram --workloads code,random \
         --num-prompts 4 --output-len 128 --kv-cache-memory 24GiB \
         --crossover-batch-sizes ${SIZES:-1,4,16,32,64,128}
-    for r in $(seq 1 ${ROUNDS:-2}); do
+    step "KV capacity (issue 7): 4k-token sequences per cache dtype, one budget"
+    for kind in auto int8 fp8; do
+        timeout ${T_KV:-100} python3 benchmarks/gpu/kv_capacity.py $L8B $TOK "$OUT/kv-capacity-$kind.json" $kind \
+            2>&1 | grep -v Warning | tail -1
+    done
+    for r in $(seq 1 ${ROUNDS:-0}); do
         for q in bf16 fp8; do
             step "throughput 1000 x 512 -> 256, 8B, $q (round $r)"
             extra=""; [ $q = fp8 ] && extra="--quantization fp8"
