@@ -112,12 +112,17 @@ static void one_group(const float *q, const float *k_cache, const float *v_cache
     }
 }
 
-/* Returns 0, or -1 when H > 256 or scratch memory could not be had. One task per (sequence,
- * KV head): at batch 1 the heads still spread over the threads. */
-int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
-                     const int64_t *block_tables, const int64_t *context_lens, float *out,
-                     int B, int H, int KVH, int D, int bs, int max_blocks, float scale,
-                     int window, int num_threads) {
+/* One task per (sequence, KV head): at batch 1 the heads still spread over the threads. `elem`:
+ * bytes per value of q, the caches and out (4: float32, 2: bfloat16), which `group` reads.
+ * Returns 0, or -1 when H > 256 or scratch memory could not be had. */
+typedef void (*group_fn)(const void *q, const void *k_cache, const void *v_cache,
+                         const int64_t *table, int64_t len, void *out, float *scores,
+                         int H, int KVH, int kvh, int D, int bs, float scale, int window);
+
+static int decode_groups(group_fn group, int elem, const void *q, const void *k_cache,
+                         const void *v_cache, const int64_t *block_tables,
+                         const int64_t *context_lens, void *out, int B, int H, int KVH, int D,
+                         int bs, int max_blocks, float scale, int window, int num_threads) {
     if (H > 256 || KVH <= 0 || H % KVH) return -1;
     int64_t max_len = 1;
     for (int b = 0; b < B; b++) if (context_lens[b] > max_len) max_len = context_lens[b];
@@ -134,13 +139,27 @@ int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
         for (int task = 0; task < B * KVH; task++) {
             if (!scores) continue;
             const int b = task / KVH, kvh = task % KVH;
-            one_group(q + (int64_t)b * H * D, k_cache, v_cache,
-                      block_tables + (int64_t)b * max_blocks, context_lens[b],
-                      out + (int64_t)b * H * D, scores, H, KVH, kvh, D, bs, scale, window);
+            const int64_t seq = (int64_t)b * H * D * elem;  /* bytes to the sequence's [H, D] */
+            group((const char *)q + seq, k_cache, v_cache, block_tables + (int64_t)b * max_blocks,
+                  context_lens[b], (char *)out + seq, scores, H, KVH, kvh, D, bs, scale, window);
         }
         free(scores);
     }
     return failed ? -1 : 0;
+}
+
+static void group_f32(const void *q, const void *k, const void *v, const int64_t *table,
+                      int64_t len, void *out, float *scores, int H, int KVH, int kvh, int D,
+                      int bs, float scale, int window) {
+    one_group(q, k, v, table, len, out, scores, H, KVH, kvh, D, bs, scale, window);
+}
+
+int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
+                     const int64_t *block_tables, const int64_t *context_lens, float *out,
+                     int B, int H, int KVH, int D, int bs, int max_blocks, float scale,
+                     int window, int num_threads) {
+    return decode_groups(group_f32, 4, q, k_cache, v_cache, block_tables, context_lens, out, B,
+                         H, KVH, D, bs, max_blocks, scale, window, num_threads);
 }
 
 /* bfloat16 (raw uint16_t bits) q, caches and out: each K and V row is widened to float32 once
@@ -188,31 +207,17 @@ static void one_group_bf16(const uint16_t *q, const uint16_t *k_cache, const uin
     }
 }
 
+static void group_bf16(const void *q, const void *k, const void *v, const int64_t *table,
+                       int64_t len, void *out, float *scores, int H, int KVH, int kvh, int D,
+                       int bs, float scale, int window) {
+    one_group_bf16(q, k, v, table, len, out, scores, H, KVH, kvh, D, bs, scale, window);
+}
+
 int paged_decode_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
                       const int64_t *block_tables, const int64_t *context_lens, uint16_t *out,
                       int B, int H, int KVH, int D, int bs, int max_blocks, float scale,
                       int window, int num_threads) {
-    if (H > 256 || KVH <= 0 || H % KVH || D > 1024) return -1;
-    int64_t max_len = 1;
-    for (int b = 0; b < B; b++) if (context_lens[b] > max_len) max_len = context_lens[b];
-    const int G = H / KVH;
-    int failed = 0;
-#pragma omp parallel num_threads(num_threads)
-    {
-        float *scores = malloc(sizeof(float) * (size_t)G * (size_t)max_len);
-        if (!scores) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int task = 0; task < B * KVH; task++) {
-            if (!scores) continue;
-            const int b = task / KVH, kvh = task % KVH;
-            one_group_bf16(q + (int64_t)b * H * D, k_cache, v_cache,
-                           block_tables + (int64_t)b * max_blocks, context_lens[b],
-                           out + (int64_t)b * H * D, scores, H, KVH, kvh, D, bs, scale, window);
-        }
-        free(scores);
-    }
-    return failed ? -1 : 0;
+    if (D > 1024) return -1;
+    return decode_groups(group_bf16, 2, q, k_cache, v_cache, block_tables, context_lens, out, B,
+                         H, KVH, D, bs, max_blocks, scale, window, num_threads);
 }
