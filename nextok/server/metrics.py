@@ -6,9 +6,12 @@ registry, so tests can run several apps in one process.
 """
 from __future__ import annotations
 
+import sys
 import time
 
+import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 
 from nextok.outputs import RequestOutput
 
@@ -54,6 +57,7 @@ class ServerMetrics:
                                      spec, registry=r)
         self.spec_steps = Counter("nextok:spec_decode_num_verify_steps", "Verify steps (one per "
                                   "speculating sequence and step).", spec, registry=r)
+        r.register(DeviceMemoryCollector())
         self._prev = {"prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0,
                       "spec_proposed_tokens": 0, "spec_accepted_tokens": 0, "spec_verify_steps": 0}
         self._last_token: dict[str, tuple[float, int]] = {}  # request id -> (time, tokens so far)
@@ -127,3 +131,37 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class DeviceMemoryCollector:
+    """`nextok:device_memory_{used,total}_bytes` by device, sampled at scrape time.
+
+    device="cpu": the process's resident set against the host's RAM (on a CPU server that is where
+    the weights and the KV pool live). device="cuda:N": bytes the caching allocator holds against
+    the GPU's capacity, for each GPU this process has touched; torch is read only if the engine
+    already imported it, so scraping never initialises CUDA.
+    """
+
+    def collect(self):
+        used = GaugeMetricFamily("nextok:device_memory_used_bytes",
+                                 "Memory held: process RSS (cpu), allocator-reserved bytes (cuda).",
+                                 labels=["device"])
+        total = GaugeMetricFamily("nextok:device_memory_total_bytes",
+                                  "Memory capacity: host RAM (cpu), device memory (cuda).",
+                                  labels=["device"])
+        for device, u, t in device_memory():
+            used.add_metric([device], u)
+            total.add_metric([device], t)
+        yield used
+        yield total
+
+
+def device_memory() -> list[tuple[str, int, int]]:
+    """(device, used bytes, total bytes) for the CPU and every initialised CUDA device."""
+    rows = [("cpu", psutil.Process().memory_info().rss, psutil.virtual_memory().total)]
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i in range(torch.cuda.device_count()):
+            rows.append((f"cuda:{i}", torch.cuda.memory_reserved(i),
+                         torch.cuda.get_device_properties(i).total_memory))
+    return rows

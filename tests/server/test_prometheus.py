@@ -71,3 +71,26 @@ def test_prometheus_scrapes_histograms(prometheus, client):
     assert p50 and float(p50[0]["value"][1]) > 0
     tokens = query(prometheus, "nextok:generation_tokens_total")
     assert tokens and float(tokens[0]["value"][1]) >= 24
+
+
+def test_every_dashboard_query_returns_data(prometheus, client):
+    """Every PromQL expression of the provisioned Grafana dashboard, evaluated by the real
+    Prometheus against the real server after some load, returns at least one series."""
+    from tests.deploy.test_static import dashboard_exprs
+
+    # A prompt of several KV blocks, sent more than once, so the prefix cache has hits to count;
+    # spread over a few scrapes, so every rate() window sees an increase.
+    prompt = "def add(a, b):\n    return a + b\n\n" * 12 + "def mul(a, b):"
+    for _ in range(3):
+        for _ in range(2):
+            client.completions.create(model="smollm2-135m-instruct", prompt=prompt, max_tokens=8, temperature=0)
+        time.sleep(1.5)
+    exprs = [e.replace("$model_name", ".*") for e in dashboard_exprs()]
+    empty = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        empty = [e for e in exprs if not query(prometheus, e)]
+        if not empty:
+            break
+        time.sleep(1)
+    assert not empty, empty
