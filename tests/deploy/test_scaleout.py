@@ -11,9 +11,11 @@ installed by `make system-deps`), configured by deploy/haproxy/haproxy.cfg.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import httpx
@@ -153,9 +155,23 @@ async def _plain_worker(c: httpx.AsyncClient, stop: asyncio.Event, results: list
         n += 1
 
 
-def test_failover_kill_and_restart(replicas, lb):
+def _bench_serve(lb, out: str) -> subprocess.Popen:
+    """`nextok bench serve` through the balancer: 3 streams at a time, each bounded by 30 s."""
+    return subprocess.Popen([sys.executable, "-m", "nextok", "bench", "serve", "--base-url", lb.url,
+                             "--num-requests", "24", "--max-concurrency", "3", "--input-len", "32",
+                             "--output-len", "48", "--request-timeout", "30", "--time-limit", "90",
+                             "--save-requests", "--no-progress", "--output", out],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _frontend_connections(lb) -> int:
+    return next(int(r["scur"]) for r in lb.stat() if r["pxname"] == "nextok" and r["svname"] == "FRONTEND")
+
+
+def test_failover_kill_and_restart(replicas, lb, tmp_path):
     by_name = {f"r{i}": r for i, r in enumerate(replicas, 1)}
     report: dict = {}
+    bench = _bench_serve(lb, str(tmp_path / "bench.json"))
 
     async def scenario():
         async with httpx.AsyncClient(base_url=lb.url, timeout=httpx.Timeout(60, connect=5)) as c:
@@ -165,6 +181,10 @@ def test_failover_kill_and_restart(replicas, lb):
             outs: list[dict] = [{} for _ in range(3)]
             streams = [asyncio.create_task(_stream(c, events[i], i, outs[i])) for i in range(3)]
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 30)
+            t0 = time.monotonic()  # bench serve's 3 streams too (it loads a tokenizer first)
+            while _frontend_connections(lb) < 10 and time.monotonic() - t0 < 20:
+                await asyncio.sleep(0.1)
+            report["bench_running_at_kill"] = _frontend_connections(lb) >= 10
             report["plain_before_kill"] = len(plain)
             victim = outs[0]["server"]  # the replica serving stream 0 is killed while it streams
             by_name[victim].proc.send_signal(signal.SIGKILL)
@@ -186,8 +206,17 @@ def test_failover_kill_and_restart(replicas, lb):
             report["plain"] = plain
             report["served_after_restart"] = {s for _, s, _ in plain[n0:]}
 
-    asyncio.run(scenario())
+    try:
+        asyncio.run(scenario())
+        _, err = bench.communicate(timeout=120)
+    finally:
+        bench.kill()
     plain, streams, victim = report["plain"], report["streams"], report["victim"]
+    # bench serve: every request accounted for, none cut by its time limit (a hang), and those
+    # that failed failed on a broken stream (the kill), not on an HTTP error status
+    summary = json.loads((tmp_path / "bench.json").read_text())["summary"] if bench.returncode == 0 else {}
+    assert summary, err
+    report["bench_serve"] = {k: summary[k] for k in ("completed", "failed", "errors")}
     print({k: v for k, v in report.items() if k != "plain"}, len(plain), "non-streamed;",
           lb.backend_counter("wretr"), "retries,", lb.backend_counter("wredis"), "redispatches")
     assert len(plain) >= 12 and report["plain_before_kill"] >= 1
@@ -200,5 +229,23 @@ def test_failover_kill_and_restart(replicas, lb):
             assert s["outcome"] == "done", s
     assert report["down_after_s"] <= CHECK_INTER_S * (CHECK_FALL + 1) + 0.5, report["down_after_s"]
     assert report["restarted"] in report["served_after_restart"], report["served_after_restart"]
+    assert summary["completed"] + summary["failed"] == 24 and summary["completed"] >= 12, summary
+    assert all("time limit" not in e and "HTTP" not in e and "Timeout" not in e for e in summary["errors"]), summary
     assert victim not in report["served_after_restart"]
 
+
+
+def test_scaleout_table_takes_medians_over_runs():
+    from nextok.bench.scaleout import aggregate, format_table
+
+    def run(n, tok, e2e, r_cpu):
+        return {"replicas": n, "failed": 0, "duration_s": 10.0, "request_throughput": tok / 64,
+                "output_throughput": tok, "e2e_ms": {"median": e2e, "p99": 2 * e2e},
+                "ttft_ms": {"median": 1.0, "p99": 2.0},
+                "cpu": {"client_cpu_s": 1.0, **{f"r{i}_cpu_s": r_cpu for i in range(1, n + 1)},
+                        "haproxy_cpu_s": 0.5, "other_processes_cpu_s": 2.0, "steal_s": 0.0}}
+    rows = aggregate([run(1, 100, 50, 10), run(2, 180, 30, 9), run(1, 120, 70, 10), run(2, 200, 40, 9)])
+    assert [r["output_throughput"] for r in rows] == [110, 190]
+    assert rows[1]["e2e_p50_ms"] == 35 and rows[1]["e2e_p99_ms"] == 70
+    assert rows[1]["replica_cores_busy"] == 1.8 and rows[1]["other_cores_busy"] == 0.2
+    assert "| 2 | 190.0 (180.0, 200.0) |" in format_table(rows)
