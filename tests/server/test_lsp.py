@@ -122,6 +122,40 @@ def test_cancel_request_aborts_the_generation_on_the_server(server):
                            route="/v1/code/complete", status="499") != aborted0 + 1:
             assert time.monotonic() < deadline, "the server did not see the request go"
             time.sleep(0.05)
+        # cancelled right after it is sent, as editors do on the next keystroke
+        msg_id = proc.request("textDocument/inlineCompletion", at_cursor(uri, text, context={"triggerKind": 2}))
+        proc.notify("$/cancelRequest", {"id": msg_id})
+        assert proc.response(msg_id, timeout=10)["error"]["code"] == REQUEST_CANCELLED
+        deadline = time.monotonic() + 10
+        while running(server) != 0:
+            assert time.monotonic() < deadline, "the cancelled generation is still running"
+            time.sleep(0.05)
+    finally:
+        assert proc.close() == 0, proc.stderr()
+
+
+def test_newer_request_of_a_document_supersedes_the_older(server):
+    """No $/cancelRequest: the shared session_id makes the server cancel the older generation,
+    and its stale text is not offered."""
+    proc = LspProcess("--server-url", server.url, "--api-key", MAIN_KEY, "--max-tokens", "400")
+    try:
+        proc.initialize()
+        uri, text = "file:///tmp/nextok-lsp/tale.md", "Once upon a time"
+        proc.open(uri, text, language="markdown")
+        first = proc.request("textDocument/inlineCompletion", at_cursor(uri, text, context={"triggerKind": 2}))
+        deadline = time.monotonic() + 30
+        while running(server) < 1:
+            assert time.monotonic() < deadline, "the request never reached the server"
+            time.sleep(0.02)
+        second = proc.request("textDocument/inlineCompletion", at_cursor(uri, text, context={"triggerKind": 2}))
+        r = proc.response(first, timeout=20)
+        assert r["result"] == {"items": []}, r
+        proc.notify("$/cancelRequest", {"id": second})
+        assert proc.response(second, timeout=10)["error"]["code"] == REQUEST_CANCELLED
+        deadline = time.monotonic() + 10
+        while running(server) != 0:
+            assert time.monotonic() < deadline, "a generation is still running"
+            time.sleep(0.05)
     finally:
         assert proc.close() == 0, proc.stderr()
 
