@@ -106,6 +106,14 @@ def build_server(config: BackendConfig) -> NextokLanguageServer:
     return ls
 
 
+def _not_a_reported_failure(record: logging.LogRecord) -> bool:
+    """pygls logs a traceback for every error response; a failure already reported (one
+    warning line above) is expected, not a bug, so its traceback is dropped."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return not (isinstance(exc, JsonRpcException) and exc.code == REQUEST_FAILED)
+
+
 def run(config: BackendConfig) -> int:
+    logging.getLogger("pygls.protocol.json_rpc").addFilter(_not_a_reported_failure)
     build_server(config).start_io()
     return 0

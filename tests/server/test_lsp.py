@@ -175,6 +175,7 @@ def test_unreachable_server_is_an_error_response_not_a_crash():
         assert proc.proc.poll() is None  # still serving
     finally:
         assert proc.close() == 0, proc.stderr()
+    assert "cannot reach" in proc.stderr() and "Traceback" not in proc.stderr()  # one line each
 
 
 def test_server_4xx_carries_the_servers_message(server):
