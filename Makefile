@@ -13,7 +13,8 @@ PINS      := tokenizers==0.23.3 gguf==0.19.0 safetensors==0.8.0 numpy==2.4.6 jin
              tqdm==4.70.1 psutil==7.2.2 pytest==9.2.0 transformers==5.17.0 accelerate==1.15.0 \
              fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 pydantic==2.14.4 \
              prometheus-client==0.26.0 openai==3.57.0 httpx==0.29.0 schemathesis==4.32.5 \
-             matplotlib==3.10.8 triton==3.6.0
+             matplotlib==3.10.8 triton==3.6.0 \
+             pygls==2.1.1 lsprotocol==2025.0.0 cattrs==26.2.1
 
 PYTEST_ARGS ?=
 
@@ -29,7 +30,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q $(PIP_PIN)
 	$(BIN)/python -m pip install --disable-pip-version-check $(TORCH_PIN)
-	$(BIN)/python -m pip install --disable-pip-version-check -e '.[test,server,bench]' $(TORCH_PIN) $(PINS)
+	$(BIN)/python -m pip install --disable-pip-version-check -e '.[test,server,bench,lsp]' $(TORCH_PIN) $(PINS)
 	touch $@
 
 # Pulls the default model into the cache (~/.cache/nextok); a no-op when it is already there.

@@ -10,6 +10,7 @@ from nextok import __version__
 
 _SERVER_MODULES = {"fastapi", "starlette", "uvicorn", "pydantic", "prometheus_client"}
 _BENCH_MODULES = {"httpx", "matplotlib", "transformers", "accelerate"}
+_LSP_MODULES = {"pygls", "lsprotocol"}
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -200,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     from nextok.spec import medusa_train
 
     medusa_train.add_parser(sub)
+    from nextok import lsp
+
+    lsp.add_parser(sub)
     return parser
 
 
@@ -218,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except ModuleNotFoundError as e:
-        extra = "server" if e.name in _SERVER_MODULES else "bench" if e.name in _BENCH_MODULES else None
+        extra = ("server" if e.name in _SERVER_MODULES else "bench" if e.name in _BENCH_MODULES
+                 else "lsp" if e.name in _LSP_MODULES else None)
         if extra is None:
             raise
         print(f"error: {e}; this command needs an extra: pip install 'nextok[{extra}]'", file=sys.stderr)
