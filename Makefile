@@ -18,7 +18,7 @@ PINS      := tokenizers==0.23.3 gguf==0.19.0 safetensors==0.8.0 numpy==2.4.6 jin
 
 PYTEST_ARGS ?=
 
-.PHONY: venv model system-deps deploy-tools peer run test lint clean
+.PHONY: venv model system-deps deploy-tools editors peer run test lint clean
 
 venv: $(STAMP)
 
@@ -74,6 +74,22 @@ $(DEPLOY_STAMP): $(STAMP) Makefile
 	echo "installed $(COMPOSE_PLUGIN) ($$($(COMPOSE_PLUGIN) version))"
 	touch $@
 
+# The VS Code extension's npm packages (editors/vscode: TypeScript, vitest, vsce; tests/editors):
+# `npm ci` once per package-lock.json. Node.js and npm come from Debian's packages when missing.
+VSCODE_DIR   := editors/vscode
+VSCODE_STAMP := $(VSCODE_DIR)/node_modules/.nextok-installed
+
+editors: $(VSCODE_STAMP)
+
+$(VSCODE_STAMP): $(VSCODE_DIR)/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ]; then \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm \
+			|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm; }; \
+		else echo "warning: node/npm are not installed (apt-get install nodejs npm); the editor tests will skip" >&2; fi; }
+	@if command -v npm >/dev/null 2>&1; then \
+		cd $(VSCODE_DIR) && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.nextok-installed; fi
+
 # llama.cpp's own llama-server, the peer of `nextok bench compare`: built once from the llama.cpp
 # source vendored in the llama-cpp-python sdist and cached (~/.cache/nextok/peer; 8-14 min on 2 cores).
 peer: venv
@@ -85,7 +101,7 @@ run: venv model
 	$(BIN)/nextok serve --host 127.0.0.1 --port $(PORT)
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
-test: venv model system-deps deploy-tools
+test: venv model system-deps deploy-tools editors
 	@rc=0; $(BIN)/python -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest ran no tests" >&2; exit 1; fi; exit $$rc
 
