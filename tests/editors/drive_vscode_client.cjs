@@ -12,7 +12,9 @@ const { linesOf } = require(path.join(outDir, "window.js"));
 const settled = (p) => p.then((v) => ({ ok: true, v }), (e) => ({ ok: false, name: e.name, status: e.status, message: e.message }));
 
 async function main() {
-  const result = {};
+  const result = { ms: {} };
+  const t0 = performance.now();
+  const lap = (name) => (result.ms[name] = Math.round(performance.now() - t0));
   result.probe = await client.probe(url);
 
   // The extension's whole path: debounce, window, mode, session id, status.
@@ -29,6 +31,7 @@ async function main() {
   const doc = { key: "file:///ws/geometry.py", lines, cursor, languageId: "python", filepath: "geometry.py" };
   result.completion = await completer.provide(doc, new AbortController().signal);
   result.statuses = statuses;
+  lap("completion");
 
   // The editor cancels mid-request: the fetch rejects with an AbortError.
   const body = client.buildBody({ prefix: "def fibonacci(n):\n    ", suffix: "", language: "python", mode: "multi_line",
@@ -37,10 +40,12 @@ async function main() {
   const pending = settled(client.complete(url, body, { apiKey, signal: abort.signal }));
   setTimeout(() => abort.abort(), 5); // sent, and far from 256 tokens
   result.aborted = await pending;
+  lap("aborted");
 
   // A wrong key: the server's error message comes through.
   result.badKey = await settled(client.complete(url, { ...body, session_id: "it-bad", max_tokens: 4 }, { apiKey: "sk-wrong" }));
   result.noKey = await settled(client.complete(url, { ...body, session_id: "it-none", max_tokens: 4 }, {}));
+  lap("errors");
   return result;
 }
 

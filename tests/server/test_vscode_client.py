@@ -20,6 +20,7 @@ def test_vscode_client_against_real_server(server):
                           timeout=180, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
+    print("vscode client:", json.dumps({"completion": r["completion"], "ms": r["ms"]}))
 
     assert r["probe"]["ready"] is True and r["probe"]["status"] == "ready"
     assert isinstance(r["completion"], str) and r["completion"].strip(), r
