@@ -31,6 +31,7 @@ import time
 import torch
 from torch.nn import functional as F
 
+from nextok.bench.common import header
 from nextok.errors import NextokError
 from nextok.spec.medusa_heads import MedusaHeads, base_identity
 
@@ -240,7 +241,7 @@ def train(llm, args) -> dict:
     file = heads.save(args.out, base_identity(model), {"base_model": summary["base_model"],
                                                        "training": summary})
     with open(os.path.join(args.out, "training.json"), "w") as f:
-        json.dump({**summary, "loss_curve": curve}, f, indent=1)
+        json.dump(header({**summary, "loss_curve": curve}), f, indent=1)  # + commit, machine, command
     return {"file": file, "heads": heads, **summary}
 
 

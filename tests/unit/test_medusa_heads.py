@@ -65,6 +65,7 @@ def test_training_lowers_the_heads_loss(tiny):
     assert after < before - 1.0, (before, after)  # nats, summed over the 3 heads
     log = json.loads((tiny.out / "training.json").read_text())
     assert len(log["loss_curve"]) == 12 and len(log["head_accuracy"]) == 3
+    assert {"commit", "command", "machine"} <= log.keys()  # where and how it was trained
 
 
 def test_targets_are_two_and_more_places_ahead():
