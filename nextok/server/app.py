@@ -73,6 +73,9 @@ def build_app(engine: AsyncEngine, config: ServerConfig, metrics: ServerMetrics 
     app.include_router(code_api.router)
     app.include_router(infill_api.router)
     _add_ops_routes(app, state)
+    from nextok.server.playground import add_playground_routes
+
+    add_playground_routes(app, state.auth.enabled, config.served_model_name)
 
     if config.cors_origins:
         from starlette.middleware.cors import CORSMiddleware
