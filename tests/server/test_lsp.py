@@ -1,4 +1,5 @@
-"""`nextok lsp` driven over stdio by a real LSP client (tests/server/lsp_client.py) against the
+"""`nextok lsp` driven over stdio by real LSP clients (tests/server/lsp_client.py, and pygls's own
+LanguageClient in one test) against the
 session's real `nextok serve` (the `server` fixture: no extra server process)."""
 from __future__ import annotations
 
@@ -189,3 +190,39 @@ def test_server_4xx_carries_the_servers_message(server):
         assert "incorrect API key" in proc.notification("window/showMessage")["params"]["message"]
     finally:
         assert proc.close() == 0, proc.stderr()
+
+
+def test_pygls_language_client_gets_the_inline_completion(server):
+    """pygls's own LanguageClient (not the test's JSON-RPC client) drives `nextok lsp` over stdio:
+    initialize, didOpen, textDocument/inlineCompletion -> the server's completion text."""
+    import asyncio
+    import os
+    import sys
+
+    from lsprotocol import types
+    from pygls.lsp.client import LanguageClient
+
+    async def run() -> str:
+        client = LanguageClient("pygls-test-client", "1")
+        await client.start_io(sys.executable, "-m", "nextok", "lsp", "--server-url", server.url,
+                              "--max-tokens", "16", env={**os.environ, "NEXTOK_API_KEY": MAIN_KEY})
+        try:
+            await client.initialize_async(types.InitializeParams(capabilities=types.ClientCapabilities()))
+            client.initialized(types.InitializedParams())
+            client.text_document_did_open(types.DidOpenTextDocumentParams(
+                types.TextDocumentItem(uri=URI, language_id="python", version=1, text=PREFIX + SUFFIX)))
+            pos = cursor(PREFIX)
+            result = await asyncio.wait_for(client.text_document_inline_completion_async(
+                types.InlineCompletionParams(
+                    context=types.InlineCompletionContext(types.InlineCompletionTriggerKind.Invoked),
+                    text_document=types.TextDocumentIdentifier(URI),
+                    position=types.Position(pos["line"], pos["character"]))), timeout=60)
+            items = result.items if hasattr(result, "items") else result
+            return items[0].insert_text if isinstance(items[0].insert_text, str) else items[0].insert_text.value
+        finally:
+            await client.shutdown_async(None)
+            client.exit(None)
+            await client.stop()
+
+    text = asyncio.run(run())
+    assert text.strip()
