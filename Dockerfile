@@ -1,6 +1,15 @@
 # nextok on CPU. Build: docker build -t nextok:cpu .   Run: docker compose -f docker-compose.simple.yml up
-# Two stages: the build stage installs nextok into a virtual environment, the runtime stage copies
-# only that environment; both on the same pinned base, so the venv's interpreter path holds.
+# Three stages: `playground` fetches the Monaco assets, `build` installs nextok into a virtual
+# environment, `runtime` copies only that environment; the last two on the same pinned base, so
+# the venv's interpreter path holds.
+# The /playground page's Monaco editor, as `make playground` builds it: the pinned monaco-editor's
+# AMD build (min/vs), copied into the package below so the installed nextok serves the page.
+FROM node:20-bookworm-slim AS playground
+WORKDIR /src/editors/playground
+COPY editors/playground/package.json editors/playground/package-lock.json ./
+RUN npm ci --no-audit --no-fund --loglevel=error
+
+
 FROM python:3.11-slim-bookworm AS build
 
 # torch for CPU; point TORCH_INDEX_URL at PyTorch's CPU wheel index to leave the CUDA libraries out
@@ -16,6 +25,7 @@ RUN pip install pip==26.0 \
  && pip install "torch==${TORCH_VERSION}"
 COPY pyproject.toml README.md ./
 COPY nextok ./nextok
+COPY --from=playground /src/editors/playground/node_modules/monaco-editor/min/vs ./nextok/server/static/playground/vs
 # nextok itself from the source tree: every dependency is pinned in pyproject.toml, so DL3013's
 # "pin the version" has nothing left to pin here.
 # hadolint ignore=DL3013
