@@ -1,26 +1,32 @@
-"""Every weight matrix of the default model once, as a decode step reads them: the GGUF block kernel
-(csrc/gguf_matmul.c, weights kept as Q4_1/Q8_0 blocks) with int8 and with float32 activations,
+"""Every weight matrix of a GGUF model (the default one, or --model FILE, e.g. a Q4_K_M file) once, as a
+decode step reads them: the GGUF block kernels (csrc/gguf_matmul.c, csrc/gguf_unpacked.c: weights
+kept as their blocks) with int8 and with float32 activations,
 dequantized per call into a float32 scratch for oneDNN (--gguf-blocks-only past its row limit), and
 oneDNN on float32 and bfloat16 weights (the dense copy; what --dtype bfloat16 runs). Passes of the modes
 alternate, so a noisy neighbour hits them alike; /proc/loadavg is printed before and after.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/gguf_matmul_bench.py [ROWS ...] > benchmarks/results/DATE-gguf-matmul-cpu.txt
+    PYTHONPATH=. .venv/bin/python benchmarks/gguf_matmul_bench.py [--model FILE] [ROWS ...] > benchmarks/results/DATE-gguf-matmul-cpu.txt
 """
-import sys, time, numpy as np, torch
+import collections, sys, time, numpy as np, torch
 from nextok import hub
 from nextok.model.gguf import GGUFFile
 from nextok.model.gguf_format import dequantize
-from nextok.kernels.cpu_gguf_linear import BlockLinear, GGUFBlockLinear
+from nextok.kernels.cpu_gguf_linear import BlockLinear, GGUFBlockLinear, supported_types, type_name
 from nextok.kernels.cpu_linear import PackedLinear
 from nextok.bench import common
 
 torch.set_num_threads(2)
-rows_list = [int(a) for a in sys.argv[1:]] or [1, 2, 4, 8, 12, 16, 24, 32, 48]
-path = hub.resolve_model(None); g = GGUFFile(path)
+args = sys.argv[1:]
+model = args.pop(args.index("--model") + 1) if "--model" in args else None
+args = [a for a in args if a != "--model"]
+rows_list = [int(a) for a in args] or [1, 2, 4, 8, 12, 16, 24, 32, 48]
+path = hub.resolve_model(model); g = GGUFFile(path)
+types = collections.Counter()
 modes = {"blocks int8": [], "blocks fp32": [], "dequant+fp32": [], "oneDNN fp32": [], "oneDNN bf16": []}
 with open(path, "rb") as f:
     for name, info in g.tensor_infos.items():
-        if info.type_id not in (3, 8): continue
+        if info.type_id not in supported_types() or len(info.shape) != 2: continue
+        types[type_name(info.type_id)] += 1
         f.seek(info.offset); raw = np.frombuffer(f.read(info.nbytes), dtype=np.uint8)
         n, k = info.shape
         w = dequantize(raw.copy(), info.type_id, n * k).view(n, k)
@@ -31,8 +37,8 @@ with open(path, "rb") as f:
         modes["oneDNN fp32"].append((PackedLinear(w, None), k))
         modes["oneDNN bf16"].append((PackedLinear(w.bfloat16(), None), k))
 h = common.header()
-print(common.machine_line(h['machine']), '| commit', h['commit'], '| benchmarks/gguf_matmul_bench.py')
-print(len(modes["blocks int8"]), 'matrices (Q4_1 and the Q8_0 tied embedding / lm_head); median of 7 passes; 2 threads')
+print(common.machine_line(h['machine']), '| commit', h['commit'], '| benchmarks/gguf_matmul_bench.py', ' '.join(sys.argv[1:]))
+print(path.rsplit('/', 1)[-1], ':', len(modes["blocks int8"]), 'matrices', dict(types), '(the embedding is the tied lm_head); median of 7 passes; 2 threads')
 print('loadavg before:', open('/proc/loadavg').read().strip())
 for rows in rows_list:
     xs = {k: torch.randn(rows, k) for _, k in modes["blocks int8"]}

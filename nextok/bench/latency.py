@@ -194,7 +194,7 @@ def weight_bytes(model, decode: bool) -> int:
         if module is model.lm_head and tied and not decode:
             return  # the embedding's own copy (CPU packs it as the lm_head): counted once
         if isinstance(module, BlockOrDenseLinear) and decode or isinstance(module, BlockLinear):
-            total += module.blocks.blocks.numel()  # (a BlockLinear holds nothing else)
+            total += module.blocks.nbytes  # (a BlockLinear holds nothing else)
         elif isinstance(module, (PackedLinear, BlockOrDenseLinear)):  # no parameters of their own
             total += module.in_features * module.out_features * elem
         elif isinstance(module, nn.Embedding):

@@ -1,7 +1,7 @@
 """Builds nextok's small C kernels (kernels/csrc/*.c) with the system C compiler, once per machine.
 
 The shared library is cached under `<nextok cache>/kernels/`, keyed by the source, the flags and
-the CPU's flags: `-march=native` code built on an AVX-512 machine must not run on an AVX2 one.
+the CPU's flags (and csrc/*.h): `-march=native` code built on an AVX-512 machine must not run on an AVX2 one.
 Any failure (no compiler, a compile error, a load error) returns None and the caller keeps its
 torch path, so a machine without gcc still runs, only slower. No torch headers: the kernels take
 raw pointers through ctypes (a build takes about a second, not the minute of a torch extension).
@@ -9,6 +9,7 @@ raw pointers through ctypes (a build takes about a second, not the minute of a t
 from __future__ import annotations
 
 import ctypes
+import glob
 import hashlib
 import logging
 import os
@@ -50,6 +51,9 @@ def _build_and_load(name: str) -> ctypes.CDLL | None:
         return None
     with open(os.path.join(CSRC, name + ".c"), "rb") as f:
         source = f.read()
+    for header in sorted(glob.glob(os.path.join(CSRC, "*.h"))):  # a .c may include any of them
+        with open(header, "rb") as f:
+            source += f.read()
     key = hashlib.sha256(source + " ".join([cc, *FLAGS, *sorted(platform.cpu_flags())]).encode())
     out_dir = os.path.join(hub.cache_dir(), "kernels")
     lib_path = os.path.join(out_dir, f"{name}-{key.hexdigest()[:16]}.so")

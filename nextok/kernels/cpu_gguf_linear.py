@@ -1,7 +1,8 @@
-"""CPU linear layers on weights kept in their GGUF blocks (Q4_1, Q8_0), through csrc/gguf_matmul.c.
+"""CPU linear layers on weights kept in their GGUF blocks: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+(csrc/gguf_matmul.c) and the K-quants Q4_K, Q5_K, Q6_K (csrc/gguf_unpacked.c).
 
-Groundwork for packed GGUF inference (issue 7): a decode step at small batch streams every weight
-once, and float32 weights are 6x (Q4_1) or 3.8x (Q8_0) the bytes of the blocks. Two kernels:
+Packed GGUF inference (issue 7): a decode step at small batch streams every weight once, and
+float32 weights are 6x (Q4_1) or 3.8x (Q8_0) the bytes of the blocks. Two kernels per source:
   float32 (default): each block is dequantized in registers exactly as the loader does (the same
     float32 weights, bit for bit) and multiplied into up to 8 rows of float32 activations at a
     time. A row's result depends only on that row, whatever the batch (the engine's invariants:
@@ -24,7 +25,21 @@ from torch import nn
 
 from nextok.kernels import cpu_build
 
-BLOCK_BYTES = {3: 20, 8: 34}  # ggml type id -> bytes per 32-weight block (Q4_1, Q8_0)
+# ggml type id -> (weights per block, bytes per block, the C source of its kernels). gguf_matmul.c
+# reads 32-weight blocks as they are; gguf_unpacked.c first unpacks each 256-weight K-quant
+# super-block into one common form. Q5_0 is what a Q4_K_M file holds where a row is not a multiple
+# of 256 weights (the default model's 576-wide matrices), Q8_0 where Q6_K would be.
+BLOCK_TYPES = {
+    2: (32, 18, "gguf_matmul"),  # Q4_0
+    3: (32, 20, "gguf_matmul"),  # Q4_1
+    6: (32, 22, "gguf_matmul"),  # Q5_0
+    7: (32, 24, "gguf_matmul"),  # Q5_1
+    8: (32, 34, "gguf_matmul"),  # Q8_0
+    12: (256, 144, "gguf_unpacked"),  # Q4_K
+    13: (256, 176, "gguf_unpacked"),  # Q5_K
+    14: (256, 210, "gguf_unpacked"),  # Q6_K
+}
+TYPE_NAMES = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 6: "Q5_0", 7: "Q5_1", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 MAX_ROWS = 8  # rows of x per float32-kernel call (the accumulators stay in registers)
 # Steps of up to this many rows read the blocks through the int8 kernel; bigger ones take the
 # float32 dense copy (BlockOrDenseLinear) or dequantize + oneDNN (BlockLinear, --gguf-blocks-only).
@@ -45,52 +60,103 @@ INT8_BF16_DENSE_MAX_ROWS = 8
 ACTIVATIONS = ("int8", "float32")  # --gguf-activations
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
              ctypes.c_void_p, ctypes.c_int]
-_fns: dict[str, object] = {}
-_dequant = None
+_DEQUANT_ARGTYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+# source -> its entry points: (float32 matmul, int8 matmul, dequantize)
+_SYMBOLS = {"gguf_matmul": ("gguf_matmul_f32", "gguf_matmul_q8", "gguf_dequant_f32"),
+            "gguf_unpacked": ("gguf_kq_matmul_f32", "gguf_kq_matmul_q8", "gguf_kq_dequant_f32")}
+_libs: dict[str, dict[str, object] | None] = {}
 
 
-def load_gguf_matmul(activations: str = "float32"):
-    """The kernel's entry point for float32 or int8 activations, or None where it cannot be built."""
-    global _dequant
+def _kernels(source: str) -> dict[str, object] | None:
+    """{"float32": fn, "int8": fn, "dequant": fn} of one C source, or None where it cannot be built."""
+    if source not in _libs:
+        lib = cpu_build.load(source)
+        fns = None
+        if lib is not None:
+            f32, q8, deq = (getattr(lib, name) for name in _SYMBOLS[source])
+            for fn, argtypes in ((f32, _ARGTYPES), (q8, _ARGTYPES), (deq, _DEQUANT_ARGTYPES)):
+                fn.restype, fn.argtypes = ctypes.c_int, argtypes
+            fns = {"float32": f32, "int8": q8, "dequant": deq}
+        _libs[source] = fns
+    return _libs[source]
+
+
+def load_gguf_matmul(activations: str = "float32", type_id: int = 3):
+    """The kernel's entry point for float32 or int8 activations on `type_id`'s blocks, or None where it
+    cannot be built."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"GGUF block activations must be one of {', '.join(ACTIVATIONS)}, not {activations!r}")
-    if not _fns:
-        lib = cpu_build.load("gguf_matmul")
-        if lib is None:
-            return None
-        for mode, name in (("float32", "gguf_matmul_f32"), ("int8", "gguf_matmul_q8")):
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = ctypes.c_int, _ARGTYPES
-            _fns[mode] = fn
-        deq = lib.gguf_dequant_f32
-        deq.restype = ctypes.c_int
-        deq.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                        ctypes.c_int]
-        _dequant = deq
-    return _fns[activations]
+    fns = _kernels(BLOCK_TYPES[type_id][2])
+    return None if fns is None else fns[activations]
+
+
+def supported_types() -> tuple[int, ...]:
+    """The ggml types whose block kernels this machine has (built here, cached)."""
+    return tuple(t for t, (_, _, source) in BLOCK_TYPES.items() if _kernels(source) is not None)
+
+
+def type_name(type_id: int) -> str:
+    return TYPE_NAMES.get(type_id, f"ggml type {type_id}")
+
+
+class _Segment:
+    """Output rows [start, start + rows) of a layer, held as blocks of one type: [rows, row bytes]."""
+
+    def __init__(self, type_id: int, raw: torch.Tensor, start: int, rows: int, in_features: int,
+                 activations: str):
+        if type_id not in BLOCK_TYPES:
+            known = ", ".join(f"{name} = {t}" for t, name in TYPE_NAMES.items())
+            raise ValueError(f"ggml type {type_id} has no block kernel (those with one: {known})")
+        per_block, nbytes, source = BLOCK_TYPES[type_id]
+        if in_features % per_block:
+            raise ValueError(f"in_features {in_features} is not a multiple of {type_name(type_id)}'s "
+                             f"{per_block}-weight block")
+        want = rows * in_features // per_block * nbytes
+        if raw.numel() != want:
+            raise ValueError(f"{raw.numel()} bytes of {type_name(type_id)} blocks, {want} expected for "
+                             f"[{rows}, {in_features}]")
+        fns = _kernels(source)
+        if fns is None:
+            raise RuntimeError(f"the {source} kernel could not be built (no C compiler?)")
+        self.blocks = raw.reshape(rows, -1).contiguous()
+        self.ptr = self.blocks.data_ptr()  # self.blocks is never replaced
+        self.type_id, self.start, self.rows = type_id, start, rows
+        self.fn, self.dequant = fns[activations], fns["dequant"]
+
+
+def _as_bytes(blocks: np.ndarray | torch.Tensor) -> torch.Tensor:
+    return (blocks.to(torch.uint8) if isinstance(blocks, torch.Tensor)
+            else torch.from_numpy(np.array(blocks, dtype=np.uint8)))  # a copy: ours to keep
 
 
 class GGUFBlockLinear:
-    """y = x @ W.T + b, W [out, in] held as its GGUF blocks: blocks [out, in / 32 * bytes] uint8."""
+    """y = x @ W.T + b, W [out, in] held as its GGUF blocks: blocks [out, in / block * bytes] uint8.
+    GGUFBlockLinear.of_parts holds a fused matrix whose parts differ in type (as in *_K_M files:
+    q and k Q4_K, v Q6_K), each part's output rows run by its own kernel."""
 
     def __init__(self, blocks: np.ndarray | torch.Tensor, type_id: int, out_features: int,
                  in_features: int, bias: torch.Tensor | None = None, activations: str = "float32"):
-        if type_id not in BLOCK_BYTES:
-            raise ValueError(f"ggml type {type_id} has no block kernel (Q4_1 = 3, Q8_0 = 8)")
-        if in_features % 32:
-            raise ValueError(f"in_features {in_features} is not a multiple of the 32-weight block")
-        raw = (blocks.to(torch.uint8) if isinstance(blocks, torch.Tensor)
-               else torch.from_numpy(np.array(blocks, dtype=np.uint8)))  # a copy: ours to keep
-        want = out_features * in_features // 32 * BLOCK_BYTES[type_id]
-        if raw.numel() != want:
-            raise ValueError(f"{raw.numel()} bytes of blocks, {want} expected for [{out_features}, {in_features}]")
-        self.blocks = raw.reshape(out_features, -1).contiguous()
-        self._blocks_ptr = self.blocks.data_ptr()  # self.blocks is never replaced
-        self.type_id, self.out_features, self.in_features = type_id, out_features, in_features
+        self._init([(type_id, _as_bytes(blocks), out_features)], in_features, bias, activations)
+
+    @classmethod
+    def of_parts(cls, parts: list[tuple[int, np.ndarray | torch.Tensor, int]], in_features: int,
+                 bias: torch.Tensor | None = None, activations: str = "float32") -> "GGUFBlockLinear":
+        """parts: (ggml type, blocks, output rows), stacked in output rows in this order."""
+        layer = cls.__new__(cls)
+        layer._init([(t, _as_bytes(b), rows) for t, b, rows in parts], in_features, bias, activations)
+        return layer
+
+    def _init(self, parts, in_features: int, bias, activations: str) -> None:
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"GGUF block activations must be one of {', '.join(ACTIVATIONS)}, not {activations!r}")
+        self.segments, start = [], 0
+        for type_id, raw, rows in parts:
+            self.segments.append(_Segment(type_id, raw, start, rows, in_features, activations))
+            start += rows
+        self.type_id = self.segments[0].type_id
+        self.types = tuple(seg.type_id for seg in self.segments)
+        self.out_features, self.in_features = start, in_features
         self.bias = bias
-        self.fn = load_gguf_matmul(activations)
-        if self.fn is None:
-            raise RuntimeError("the gguf_matmul kernel could not be built (no C compiler?)")
         # int8: any number of rows per call (x quantized once per call, each weight read once);
         # float32: at most MAX_ROWS per call. *_max_rows: the steps the blocks should serve, with
         # a float32 dense copy beside them or as the only weights.
@@ -100,6 +166,18 @@ class GGUFBlockLinear:
         self.dense_max_rows = INT8_DENSE_MAX_ROWS if int8 else MAX_ROWS
         self.blocks_max_rows = INT8_BLOCKS_MAX_ROWS if int8 else MAX_ROWS
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of blocks held (what a step reading them streams)."""
+        return sum(seg.blocks.numel() for seg in self.segments)
+
+    @property
+    def blocks(self) -> torch.Tensor:
+        """The blocks of a one-type layer, [out, in / block * bytes] uint8."""
+        if len(self.segments) != 1:
+            raise AttributeError("a layer of several block types has no single blocks tensor")
+        return self.segments[0].blocks
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, in] float32 -> [T, out] float32 (float32 activations: 8 rows per kernel call).
         Row pointers by arithmetic, not x[start] views: at one row this wrapper's own cost is
@@ -107,24 +185,32 @@ class GGUFBlockLinear:
         if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"x must be float32 [T, {self.in_features}], not {x.dtype} {list(x.shape)}")
         x = x.contiguous()
-        t, k, n, step = x.shape[0], self.in_features, self.out_features, self.rows_per_call
-        y = torch.empty(t, n, dtype=torch.float32)
-        xp, yp, threads = x.data_ptr(), y.data_ptr(), torch.get_num_threads()
-        for start in range(0, t, step):
-            rc = self.fn(xp + 4 * start * k, min(step, t - start), k, self._blocks_ptr, self.type_id, n,
-                         yp + 4 * start * n, threads)
-            if rc != 0:
-                raise RuntimeError(f"the gguf_matmul kernel ({self.activations}) refused its arguments ({rc})")
+        t, k, step = x.shape[0], self.in_features, self.rows_per_call
+        y = torch.empty(t, self.out_features, dtype=torch.float32)
+        xp, threads = x.data_ptr(), torch.get_num_threads()
+        for seg in self.segments:
+            # one part: straight into y; several: each into its own [T, rows], then y's columns
+            out = y if len(self.segments) == 1 else torch.empty(t, seg.rows, dtype=torch.float32)
+            yp, n = out.data_ptr(), seg.rows
+            for start in range(0, t, step):
+                rc = seg.fn(xp + 4 * start * k, min(step, t - start), k, seg.ptr, seg.type_id, n,
+                            yp + 4 * start * n, threads)
+                if rc != 0:
+                    raise RuntimeError(f"the {type_name(seg.type_id)} block kernel ({self.activations}) "
+                                       f"refused its arguments ({rc})")
+            if out is not y:
+                y[:, seg.start:seg.start + seg.rows] = out
         return y if self.bias is None else y + self.bias
 
     def dequantize(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The float32 weight [out, in] (into `out` if given, e.g. a reused scratch matrix)."""
         if out is None:
             out = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
-        rc = _dequant(self.blocks.data_ptr(), self.type_id, self.out_features, self.in_features,
-                      out.data_ptr(), torch.get_num_threads())
-        if rc != 0:
-            raise RuntimeError("gguf_dequant_f32 refused its arguments")
+        for seg in self.segments:
+            rc = seg.dequant(seg.ptr, seg.type_id, seg.rows, self.in_features,
+                             out[seg.start:seg.start + seg.rows].data_ptr(), torch.get_num_threads())
+            if rc != 0:
+                raise RuntimeError(f"dequantizing {type_name(seg.type_id)} blocks refused its arguments")
         return out
 
 
@@ -154,7 +240,7 @@ class BlockLinear(nn.Module):
         return nn.functional.linear(x.contiguous(), w, self.blocks.bias)
 
     def extra_repr(self) -> str:
-        return (f"type={self.blocks.type_id}, in={self.in_features}, out={self.out_features}, "
+        return (f"types={'+'.join(map(type_name, self.blocks.types))}, in={self.in_features}, out={self.out_features}, "
                 f"{self.blocks.activations} up to {self.max_rows} rows")
 
 
@@ -190,4 +276,5 @@ class BlockOrDenseLinear(nn.Module):
     __call__ = forward
 
     def extra_repr(self) -> str:
-        return f"type={self.blocks.type_id}, {self.blocks.activations} blocks up to {self.max_rows} rows"
+        return (f"types={'+'.join(map(type_name, self.blocks.types))}, {self.blocks.activations} blocks "
+                f"up to {self.max_rows} rows")

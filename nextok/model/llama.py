@@ -166,14 +166,22 @@ class LlamaForCausalLM(nn.Module):
         swapped = 0
         for module_name, parts in shards.items():
             want = 3 if module_name.endswith("qkv_proj") else 2 if module_name.endswith("gate_up_proj") else 1
-            types = {type_id for type_id, _ in parts.values()}
             dense = self.get_submodule(module_name) if module_name != "lm_head" else self.lm_head
-            if len(parts) != want or len(types) != 1 or dense is None:
-                continue  # e.g. Q4_K_M files mix types within a fused matrix: stays dense
-            raw = torch.cat([parts[i][1] for i in range(want)])  # shards stacked in output rows
+            if len(parts) != want or dense is None:
+                continue  # a part in a type without a block kernel: stays dense
+            # shards stacked in output rows; runs of one type (*_K_M files mix them: q, k Q4_K,
+            # v Q6_K) become one part each
+            runs: list[tuple[int, list[torch.Tensor]]] = []
+            for i in range(want):
+                type_id, raw = parts[i]
+                if runs and runs[-1][0] == type_id:
+                    runs[-1][1].append(raw)
+                else:
+                    runs.append((type_id, [raw]))
             bias = getattr(dense, "bias", None)
-            layer = GGUFBlockLinear(raw, types.pop(), dense.out_features, dense.in_features,
-                                    bias=None if bias is None else bias.detach(), activations=activations)
+            layer = GGUFBlockLinear.of_parts(
+                [(t, torch.cat(raws), sum(r.shape[0] for r in raws)) for t, raws in runs],
+                dense.in_features, bias=None if bias is None else bias.detach(), activations=activations)
             parent_name, _, attr = module_name.rpartition(".")
             parent = self.get_submodule(parent_name) if parent_name else self
             setattr(parent, attr, BlockOrDenseLinear(dense, layer, dense_rows) if keep_dense

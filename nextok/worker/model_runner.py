@@ -53,9 +53,9 @@ class ModelRunner:
         if self.device.type == "cpu" and config.cpu_kernels:
             model.pack_for_cpu(self.dtype)
             if blocks is not None and weights is not None and self._gguf_blocks_apply():
-                from nextok.kernels.cpu_gguf_linear import BLOCK_BYTES
+                from nextok.kernels.cpu_gguf_linear import supported_types
 
-                model.use_gguf_blocks(blocks(tuple(BLOCK_BYTES)), keep_dense=config.gguf_dense_copy,
+                model.use_gguf_blocks(blocks(supported_types()), keep_dense=config.gguf_dense_copy,
                                       activations=config.gguf_activations)
         self.model = model.eval()
         self.sampler = Sampler()

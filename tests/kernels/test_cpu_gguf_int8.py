@@ -1,6 +1,6 @@
-"""The GGUF block kernel with int8 activations (gguf_matmul_q8, the default): equal to a torch
-reference of the same math, close to the float32 dequantize-then-matmul, and the same on the
-AVX2-only and portable builds of the source."""
+"""The GGUF block kernels with int8 activations (gguf_matmul_q8; gguf_kq_matmul_q8 for the
+K-quants): equal to a torch reference of the same math, close to the float32
+dequantize-then-matmul, and the same on the AVX2-only and portable builds of the sources."""
 from __future__ import annotations
 
 import ctypes
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from nextok.kernels import cpu_build
-from nextok.kernels.cpu_gguf_linear import GGUFBlockLinear, load_gguf_matmul
-from tests.kernels.test_cpu_gguf_linear import dequantized, random_blocks
+from nextok.kernels.cpu_gguf_linear import BLOCK_TYPES, GGUFBlockLinear, load_gguf_matmul
+from tests.kernels.test_cpu_gguf_linear import ALL_TYPES, dequantized, random_blocks
 
 pytestmark = pytest.mark.skipif(load_gguf_matmul("int8") is None, reason="no C compiler to build the kernel")
 
@@ -41,6 +41,19 @@ def int8_reference(x: torch.Tensor, blocks: np.ndarray, type_id: int, n: int, k:
     return (dot * scale).sum(-1) + (mw[None].double() * s[:, None].double()).sum(-1)
 
 
+def rounded_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernels see it: per 32 values d_x * q_x (llama.cpp's Q8 activations)."""
+    xb = x.view(x.shape[0], -1, 32)
+    d = xb.abs().amax(-1, keepdim=True) / 127
+    return (torch.round(xb * torch.where(d != 0, 1.0 / d, torch.zeros_like(d))) * d).view_as(x)
+
+
+def any_type_reference(x: torch.Tensor, blocks: np.ndarray, type_id: int, n: int, k: int) -> torch.Tensor:
+    """For every format, the integer dot products and per-block (per 16 for the K-quants) scales
+    add up to the exact weights times the rounded activations: [M, N] float64."""
+    return rounded_activations(x).double() @ dequantized(blocks, type_id, n, k).double().T
+
+
 def activations(rows: int, k: int, seed: int) -> torch.Tensor:
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(seed))
     x[0, 32:64] = 0.0  # an all-zero block: d_x = 0
@@ -64,7 +77,17 @@ def test_int8_kernel_matches_torch_reference(type_id, k, rows):
     assert_matches_reference(y, int8_reference(x, blocks, type_id, n, k))
 
 
-@pytest.mark.parametrize("type_id", [3, 8])
+@pytest.mark.parametrize("type_id", ALL_TYPES)
+@pytest.mark.parametrize("rows", [1, 2, 8, 9])
+def test_every_types_int8_kernel_is_the_exact_weights_times_the_rounded_activations(type_id, rows):
+    n, k = 97, 1536
+    blocks = random_blocks(type_id, n, k, seed=rows + type_id)
+    x = activations(rows, k, seed=rows)
+    y = GGUFBlockLinear(blocks, type_id, n, k, activations="int8")(x)
+    assert_matches_reference(y, any_type_reference(x, blocks, type_id, n, k))
+
+
+@pytest.mark.parametrize("type_id", ALL_TYPES)
 @pytest.mark.parametrize("rows", [1, 8])
 def test_int8_kernel_is_close_to_float32_matmul(type_id, rows):
     """The int8 activations' rounding: ~0.6% of the output's norm on Gaussian activations (each
@@ -94,7 +117,7 @@ RESTRICTED = {  # name -> (extra flags, the gguf_q8_path() it must report)
 }
 
 
-def build_restricted(name: str, tmp_path) -> ctypes.CDLL:
+def build_restricted(name: str, tmp_path, source: str = "gguf_matmul") -> ctypes.CDLL:
     cc = cpu_build._compiler()
     if platform.machine() not in ("x86_64", "AMD64") or cc is None:
         pytest.skip("an x86-64 C compiler is needed")
@@ -102,14 +125,16 @@ def build_restricted(name: str, tmp_path) -> ctypes.CDLL:
     if need and need not in open("/proc/cpuinfo").read().split():
         pytest.skip(f"the CPU has no {need}")
     flags = [f for f in cpu_build.FLAGS if not f.startswith("-march")] + RESTRICTED[name][0]
-    out = os.path.join(tmp_path, f"gguf_matmul_{name}.so")
-    src = os.path.join(cpu_build.CSRC, "gguf_matmul.c")
+    out = os.path.join(tmp_path, f"{source}_{name}.so")
+    src = os.path.join(cpu_build.CSRC, source + ".c")
     proc = subprocess.run([cc, *flags, "-o", out, src, "-lm"], capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.skip(f"{cc} cannot build for {name}: {proc.stderr[-300:]}")
     lib = ctypes.CDLL(out)
-    lib.gguf_matmul_q8.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-                                   ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    for fn in ("gguf_matmul_q8", "gguf_kq_matmul_q8"):
+        if hasattr(lib, fn):
+            getattr(lib, fn).argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                         ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     return lib
 
 
@@ -126,3 +151,22 @@ def test_restricted_builds_match_the_reference(name, tmp_path):
             y = torch.empty(rows, n)
             assert lib.gguf_matmul_q8(x.data_ptr(), rows, k, w.data_ptr(), type_id, n, y.data_ptr(), 2) == 0
             assert_matches_reference(y, int8_reference(x, blocks, type_id, n, k))
+
+
+@pytest.mark.parametrize("name", list(RESTRICTED))
+def test_restricted_builds_of_every_type(name, tmp_path):
+    """Q4_0 and Q5_0 / Q5_1 (gguf_matmul.c) and the K-quants (gguf_unpacked.c) on the AVX2-only
+    and portable builds: the same sums as the native one."""
+    libs = {"gguf_matmul": build_restricted(name, tmp_path),
+            "gguf_unpacked": build_restricted(name, tmp_path, "gguf_unpacked")}
+    for type_id in (2, 6, 7, 12, 13, 14):
+        source = BLOCK_TYPES[type_id][2]
+        fn = getattr(libs[source], "gguf_matmul_q8" if source == "gguf_matmul" else "gguf_kq_matmul_q8")
+        for rows in (1, 3, 9):
+            n, k = 37, 512
+            blocks = random_blocks(type_id, n, k, seed=rows)
+            x = activations(rows, k, seed=rows)
+            w = torch.from_numpy(blocks.copy())
+            y = torch.empty(rows, n)
+            assert fn(x.data_ptr(), rows, k, w.data_ptr(), type_id, n, y.data_ptr(), 2) == 0
+            assert_matches_reference(y, any_type_reference(x, blocks, type_id, n, k))

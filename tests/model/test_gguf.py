@@ -61,13 +61,13 @@ def test_real_tensors_match_transformers(real, hf_state):
 
 
 # ---- tiny files ------------------------------------------------------------------------------
-def write_gguf(path, tensors, arch="llama", heads=4, kv_heads=2, extra=None):
+def write_gguf(path, tensors, arch="llama", heads=4, kv_heads=2, extra=None, hidden=64, ffn=128):
     """tensors: {gguf name: (np array, raw ggml type or None)}."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(1)
     w.add_context_length(128)
-    w.add_embedding_length(64)
-    w.add_feed_forward_length(128)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
     w.add_layer_norm_rms_eps(1e-6)

@@ -13,11 +13,12 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 from nextok.attention.base import AttentionMetadata, PrefillChunk  # noqa: E402
 from nextok.attention.torch_ref import TorchRefBackend  # noqa: E402
 from nextok.config import ModelConfig  # noqa: E402
-from nextok.kernels.cpu_gguf_linear import BLOCK_BYTES, BlockOrDenseLinear, load_gguf_matmul  # noqa: E402
+from nextok.kernels.cpu_gguf_linear import (BLOCK_TYPES, BlockOrDenseLinear, load_gguf_matmul,  # noqa: E402
+                                            supported_types)
 from nextok.model.gguf_format import dequantize  # noqa: E402
 from nextok.model.llama import LlamaForCausalLM  # noqa: E402
 from nextok.model.loader import load_checkpoint  # noqa: E402
-from tests.model.test_gguf import _llama_permute, write_gguf  # noqa: E402
+from tests.model.test_gguf import _llama_permute, _random_blocks, write_gguf  # noqa: E402
 
 pytestmark = pytest.mark.skipif(load_gguf_matmul() is None, reason="no C compiler to build the kernel")
 HEADS, KV_HEADS, HIDDEN, FFN, VOCAB = 4, 2, 64, 128, 100
@@ -56,7 +57,7 @@ def _model(path, blocks: bool, activations: str = "float32"):
     model = LlamaForCausalLM(cfg, TorchRefBackend(), max_positions=64)
     model.load_weights(ckpt.weights())
     model.pack_for_cpu(torch.float32)
-    swapped = model.use_gguf_blocks(ckpt.blocks(tuple(BLOCK_BYTES)), activations=activations) if blocks else 0
+    swapped = model.use_gguf_blocks(ckpt.blocks(supported_types()), activations=activations) if blocks else 0
     return model.eval(), cfg, swapped
 
 
@@ -101,11 +102,59 @@ def test_int8_block_path_is_close_to_the_dequantized_models_logits(tmp_path, arc
     torch.testing.assert_close(_logits(packed, cfg, long), _logits(dense, cfg, long), rtol=1e-4, atol=1e-4)
 
 
-def test_a_fused_matrix_of_mixed_types_stays_dense(tmp_path):
+def test_a_fused_matrix_of_mixed_types_holds_one_part_per_type(tmp_path):
     path = _tiny_gguf(tmp_path / "mixed.gguf", "llama", v_type=T.Q8_0)  # q, k Q4_1; v Q8_0
+    dense, cfg, _ = _model(path, blocks=False)
     model, _, swapped = _model(path, blocks=True)
-    assert swapped == 3 + 1
-    assert not isinstance(model.layers[0].self_attn.qkv_proj, BlockOrDenseLinear)
+    assert swapped == 4 + 1
+    assert model.layers[0].self_attn.qkv_proj.blocks.types == (T.Q4_1, T.Q8_0)
+    for ids in ([5], [3, 17, 42, 99, 0, 8, 61, 23]):
+        torch.testing.assert_close(_logits(model, cfg, ids), _logits(dense, cfg, ids), rtol=1e-4, atol=1e-4)
+
+
+def _k_quant_gguf(path) -> str:
+    """What a Q4_K_M file holds, on a model wide enough for 256-weight super-blocks: q, k Q4_K and
+    v Q6_K (one fused matrix of two types), o Q5_K, gate Q4_K and up Q5_0, down Q6_K, the tied
+    embedding Q8_0. Random blocks (gguf cannot quantize K-quants) with sane f16 scales."""
+    rng = np.random.default_rng(3)
+    hidden, ffn, heads, kv_heads = 256, 512, 4, 2
+    head_dim = hidden // heads
+
+    def k_quant(rows, cols, qtype):
+        return _random_blocks(qtype, rows, cols, rng), qtype
+
+    def q(shape, qtype):
+        return gguf.quants.quantize(rng.standard_normal(shape).astype(np.float32) * 0.1, qtype), qtype
+
+    t = {"token_embd.weight": q((VOCAB, hidden), T.Q8_0),
+         "output_norm.weight": (np.ones(hidden, np.float32), None),
+         "blk.0.attn_norm.weight": (np.ones(hidden, np.float32), None),
+         "blk.0.ffn_norm.weight": (np.ones(hidden, np.float32), None),
+         "blk.0.attn_q.weight": k_quant(heads * head_dim, hidden, T.Q4_K),
+         "blk.0.attn_k.weight": k_quant(kv_heads * head_dim, hidden, T.Q4_K),
+         "blk.0.attn_v.weight": k_quant(kv_heads * head_dim, hidden, T.Q6_K),
+         "blk.0.attn_output.weight": k_quant(hidden, heads * head_dim, T.Q5_K),
+         "blk.0.ffn_gate.weight": k_quant(ffn, hidden, T.Q4_K),
+         "blk.0.ffn_up.weight": q((ffn, hidden), T.Q5_0),
+         "blk.0.ffn_down.weight": k_quant(hidden, ffn, T.Q6_K)}
+    return write_gguf(path, t, heads=heads, kv_heads=kv_heads, hidden=hidden, ffn=ffn)
+
+
+@pytest.mark.parametrize("activations", ["float32", "int8"])
+def test_k_quant_blocks_give_the_dequantized_models_logits(tmp_path, activations):
+    path = _k_quant_gguf(tmp_path / "k.gguf")
+    dense, cfg, _ = _model(path, blocks=False)
+    packed, _, swapped = _model(path, blocks=True, activations=activations)
+    attn, mlp = packed.layers[0].self_attn, packed.layers[0].mlp
+    assert swapped == 4 + 1
+    assert attn.qkv_proj.blocks.types == (T.Q4_K, T.Q6_K) and attn.o_proj.blocks.types == (T.Q5_K,)
+    assert mlp.gate_up_proj.blocks.types == (T.Q4_K, T.Q5_0) and mlp.down_proj.blocks.types == (T.Q6_K,)
+    for ids in ([5], [3, 17, 42, 99, 0, 8, 61, 23]):
+        a, b = _logits(packed, cfg, ids), _logits(dense, cfg, ids)
+        if activations == "float32":  # the same weights, another summation order
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        else:
+            assert (a - b).norm() / b.norm() < 5e-2
 
 
 def test_real_blocks_dequantize_to_the_loaders_weights(model_path):
@@ -114,10 +163,11 @@ def test_real_blocks_dequantize_to_the_loaders_weights(model_path):
               "model.layers.2.self_attn.v_proj.weight", "model.embed_tokens.weight"}
     weights = {n: w for n, w in ckpt.weights() if n in wanted}
     seen = 0
-    for name, type_id, raw in ckpt.blocks(tuple(BLOCK_BYTES)):
+    for name, type_id, raw in ckpt.blocks(supported_types()):
         if name in wanted:
+            per_block, nbytes, _ = BLOCK_TYPES[type_id]
             w = dequantize(raw.numpy().reshape(-1).copy(), type_id, raw.shape[0] * raw.shape[1]
-                           // BLOCK_BYTES[type_id] * 32).view(raw.shape[0], -1)
+                           // nbytes * per_block).view(raw.shape[0], -1)
             assert torch.equal(w, weights[name]), name  # q/k: the rows unpermuted as blocks
             seen += 1
     assert seen == len(wanted)

@@ -1,4 +1,4 @@
-/* y = x @ W^T with W kept in its GGUF blocks (Q4_1 or Q8_0), float32 activations, for the few
+/* y = x @ W^T with W kept in its GGUF blocks (Q4_0, Q4_1 or Q8_0), float32 activations, for the few
  * rows of a decode step: each weight block is read from memory once and dequantized once, in
  * registers, for all (at most 8) rows of x. Decode at small batch streams every weight once per
  * step, so reading ~5 (Q4_1) or ~8.5 (Q8_0) bits per weight instead of 32 is the whole point.
@@ -7,20 +7,14 @@
  *   x  [M, K] float32, M <= 8        y [M, N] float32
  *   w  [N, K / 32] blocks, row-major; a block holds 32 consecutive weights of one row:
  *      Q4_1 (20 bytes): f16 d | f16 m | 16 bytes, byte j = q[j] | q[j + 16] << 4;  w = d * q + m
+ *      Q4_0 (18 bytes): f16 d | the same 16 bytes;                        w = d * (q - 8)
  *      Q8_0 (34 bytes): f16 d | int8 q[32];                                           w = d * q
  * d * q is exact in float32 (an 11-bit by at most 8-bit product), so the weights equal the
  * loader's float32 dequantization bit for bit; only the order of the dot product's sum differs
- * from a float32 matmul.
+ * from a float32 matmul. K-quants (256-weight super-blocks) have their own file, gguf_kquants.c.
  */
-#include <stdint.h>
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
-#include <omp.h>
+#include "gguf_common.h"
 
-typedef float v8 __attribute__((vector_size(32), aligned(4)));
-
-#define MAX_ROWS 8
 /* Blocks ahead to prefetch. A decode step streams ~100 MB of blocks, which the hardware
  * prefetcher alone did not keep up with: 4 GB/s of a 22 GB/s machine. Measured on a 2-core Xeon
  * (2026-12-04), all the default model's layers at 1 row: 24.3 ms -> 15.5 ms (24 blocks ahead:
@@ -31,21 +25,34 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
  * machine, same day; 32 ahead: 11.9, 256: 8.0). The float32 kernel gained nothing from it. */
 #define PREFETCH_BLOCKS_Q8 128
 #define PREFETCH_Q8(p) __builtin_prefetch(p, 0, 1)
-enum { Q4_1 = 3, Q8_0 = 8 };
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8 };
 
-static inline float hsum(v8 v) {
-    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+static inline int block_bytes_of(int type) {
+    return type == Q4_0 ? 18 : type == Q4_1 ? 20 : type == Q5_0 ? 22 : type == Q5_1 ? 24
+         : type == Q8_0 ? 34 : 0;
 }
 
-/* IEEE half -> float, exact (F16C's vcvtph2ps where -march=native has it). */
-static inline float half_to_float(const uint8_t *p) {
-    _Float16 h;
-    memcpy(&h, p, 2);
-    return (float)h;
+/* Q4_0, Q4_1, Q5_0, Q5_1 all run as w = d * q + m, q unsigned: Q4_0 (d * (q - 8)) with m = -8 d,
+ * Q5_0 (d * (q - 16)) with m = -16 d; d * q + m is then exact, as d * (q - 8) is. */
+static inline float block_min(const uint8_t *b, int type) {
+    return type == Q4_1 || type == Q5_1 ? half_to_float(b + 2)
+         : (type == Q4_0 ? -8.0f : -16.0f) * half_to_float(b);
 }
 
+/* the 16 bytes of nibbles: byte j = q[j] & 15 | (q[j + 16] & 15) << 4 */
+static inline const uint8_t *block_nibbles(const uint8_t *b, int type) {
+    return b + (type == Q4_0 ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8);  /* Q5_1: 8 */
+}
+
+static inline int has_fifth_bits(int type) { return type == Q5_0 || type == Q5_1; }
+
+/* Q5_0 / Q5_1's u32 of fifth bits (bit i: weight i), after d (and m) */
+static inline uint32_t fifth_bits(const uint8_t *b, int type) {
+    uint32_t h;
+    memcpy(&h, b + (type == Q5_0 ? 2 : 4), 4);
+    return h;
+}
 #if defined(__AVX2__)
-#include <immintrin.h>
 
 /* 8 bytes -> 8 floats */
 static inline v8 u8_to_v8(__m128i bytes) {
@@ -53,6 +60,27 @@ static inline v8 u8_to_v8(__m128i bytes) {
     __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
     memcpy(&r, &f, 32);
     return r;
+}
+
+/* 16 bits -> 16 bytes, byte i = 16 if bit i is set, else 0 (the fifth bit of a 5-bit weight) */
+static inline __m128i bits_to_bytes16(uint32_t h16) {
+    const __m128i spread = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)h16),
+                                            _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(spread, bit), bit), _mm_set1_epi8(16));
+}
+
+/* The 32 unsigned weights of a Q4_0 / Q4_1 / Q5_0 / Q5_1 block as bytes, in two halves: lo
+ * weights 0..15, hi 16..31. */
+static inline void block_u8(const uint8_t *b, int type, __m128i *lo, __m128i *hi) {
+    const __m128i q = _mm_loadu_si128((const __m128i *)block_nibbles(b, type));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    *lo = _mm_and_si128(q, mask), *hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    if (has_fifth_bits(type)) {
+        const uint32_t h = fifth_bits(b, type);
+        *lo = _mm_or_si128(*lo, bits_to_bytes16(h & 0xffff));
+        *hi = _mm_or_si128(*hi, bits_to_bytes16(h >> 16));
+    }
 }
 
 static inline v8 i8_to_v8(__m128i bytes) {
@@ -64,11 +92,10 @@ static inline v8 i8_to_v8(__m128i bytes) {
 
 /* The 32 weights of one block, as four 8-wide vectors. */
 static inline void dequant_block(const uint8_t *b, int type, v8 out[4]) {
-    if (type == Q4_1) {
-        const v8 d = (v8){0} + half_to_float(b), m = (v8){0} + half_to_float(b + 2);
-        const __m128i q = _mm_loadu_si128((const __m128i *)(b + 4));
-        const __m128i mask = _mm_set1_epi8(0x0f);
-        const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    if (type != Q8_0) {
+        const v8 d = (v8){0} + half_to_float(b), m = (v8){0} + block_min(b, type);
+        __m128i lo, hi;
+        block_u8(b, type, &lo, &hi);
         out[0] = u8_to_v8(lo) * d + m;
         out[1] = u8_to_v8(_mm_srli_si128(lo, 8)) * d + m;
         out[2] = u8_to_v8(hi) * d + m;
@@ -87,11 +114,13 @@ static inline void dequant_block(const uint8_t *b, int type, v8 out[4]) {
 /* The 32 weights of one block, as four 8-wide vectors (portable). */
 static inline void dequant_block(const uint8_t *b, int type, v8 out[4]) {
     float tmp[32];
-    if (type == Q4_1) {
-        const float d = half_to_float(b), m = half_to_float(b + 2);
+    if (type != Q8_0) {
+        const float d = half_to_float(b), m = block_min(b, type);
+        const uint8_t *q = block_nibbles(b, type);
+        const uint32_t h = has_fifth_bits(type) ? fifth_bits(b, type) : 0;
         for (int j = 0; j < 16; j++) {
-            tmp[j] = d * (float)(b[4 + j] & 0x0f) + m;
-            tmp[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+            tmp[j] = d * (float)((q[j] & 0x0f) | ((h >> j) & 1) << 4) + m;
+            tmp[j + 16] = d * (float)((q[j] >> 4) | ((h >> (j + 16)) & 1) << 4) + m;
         }
     } else {
         const float d = half_to_float(b);
@@ -131,7 +160,7 @@ static inline __attribute__((always_inline)) void rows_dot(
 /* Returns 0, or 1 for an unsupported type, K not a multiple of 32, or M outside 1..8. */
 int gguf_matmul_f32(const float *x, int m_rows, int k, const uint8_t *w, int type, int n,
                     float *y, int num_threads) {
-    const int block_bytes = type == Q4_1 ? 20 : type == Q8_0 ? 34 : 0;
+    const int block_bytes = block_bytes_of(type);
     if (!block_bytes || k % 32 || m_rows < 1 || m_rows > MAX_ROWS) return 1;
     /* One contiguous share of the output rows per thread (the weights are streamed once). */
 #pragma omp parallel num_threads(num_threads)
@@ -156,7 +185,7 @@ int gguf_matmul_f32(const float *x, int m_rows, int k, const uint8_t *w, int typ
  * dequantization: for steps too big for gguf_matmul_f32, dequantized into a scratch matrix that
  * a float32 GEMM then reads (the blocks stay the only copy kept). Returns 0, or 1 as above. */
 int gguf_dequant_f32(const uint8_t *w, int type, int n, int k, float *out, int num_threads) {
-    const int block_bytes = type == Q4_1 ? 20 : type == Q8_0 ? 34 : 0;
+    const int block_bytes = block_bytes_of(type);
     if (!block_bytes || k % 32) return 1;
     const int nb = k / 32;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
@@ -187,44 +216,15 @@ int gguf_dequant_f32(const uint8_t *w, int type, int n, int k, float *out, int n
 /* x [M, K] -> xq [M, K] int8, xd [M, K / 32] = d_x, xs [M, K / 32] = d_x * sum(q_x). */
 static void quantize_x(const float *x, int m_rows, int k, int8_t *xq, float *xd, float *xs) {
     const int nb = k / 32;
-    for (int r = 0; r < m_rows; r++) {
+    for (int r = 0; r < m_rows; r++)
         for (int b = 0; b < nb; b++) {
-            const float *xp = x + (size_t)r * k + b * 32;
-            int8_t *qp = xq + (size_t)r * k + b * 32;
-            float amax = 0.0f;
-            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xp[j]));
-            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            int sum = 0;
-            for (int j = 0; j < 32; j++) {
-                const int q = (int)nearbyintf(xp[j] * id);
-                qp[j] = (int8_t)q;
-                sum += q;
-            }
-            xd[(size_t)r * nb + b] = d;
-            xs[(size_t)r * nb + b] = d * (float)sum;
+            const size_t at = (size_t)r * nb + b;
+            const int sum = quantize_x_block(x + at * 32, xq + at * 32, &xd[at]);
+            xs[at] = xd[at] * (float)sum;
         }
-    }
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-/* i32 lanes of sum over groups of 4 of u8 a * s8 b (a: unpacked Q4_1 weights, or |q_w|). */
-static inline __m256i dot_u8s8(__m256i a, __m256i b) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b);
-#elif defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), a, b);
-#else
-    /* u8 * s8 pairs fit in i16: 2 * 15 * 127 (Q4_1) or 2 * 128 * 127 (Q8_0's |q_w|) < 32767 */
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
-#endif
-}
-
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 /* Weight row `row` against x rows [r0, r0 + M), M a compile-time constant at each call site
  * (accumulators in registers, as in rows_dot). Q4_1 unpacks its block for all M rows at once;
  * Q8_0 moves the weight's sign onto x (u8 |q_w| x s8 sign(q_x, q_w)) per row. */
@@ -235,16 +235,15 @@ static inline __attribute__((always_inline)) void row_q8(
     __m256 acc[MAX_ROWS];
     float macc[MAX_ROWS];
     for (int i = 0; i < M; i++) acc[i] = _mm256_setzero_ps(), macc[i] = 0.0f;
-    const __m256i mask = _mm256_set1_epi8(0x0f);
     for (int b = 0; b < nb; b++) {
         const uint8_t *bp = blocks + (size_t)b * block_bytes;
         PREFETCH_Q8(bp + (size_t)PREFETCH_BLOCKS_Q8 * block_bytes);
         const float dw = half_to_float(bp);
-        if (type == Q4_1) {
-            const float mw = half_to_float(bp + 2);
-            const __m128i q = _mm_loadu_si128((const __m128i *)(bp + 4));
-            const __m256i wq = _mm256_and_si256(
-                _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1), mask);
+        if (type != Q8_0) {
+            const float mw = block_min(bp, type);
+            __m128i lo, hi;
+            block_u8(bp, type, &lo, &hi);
+            const __m256i wq = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
             for (int i = 0; i < M; i++) {
                 const size_t r = (size_t)(r0 + i);
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * k + b * 32));
@@ -276,22 +275,20 @@ static inline void two_rows_q8(const int8_t *xq, const float *xd, const float *x
     const int nb = k / 32;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     float m0 = 0.0f, m1 = 0.0f;
-    const __m256i mask = _mm256_set1_epi8(0x0f);
     for (int b = 0; b < nb; b++, p0 += block_bytes, p1 += block_bytes) {
         PREFETCH_Q8(p0 + (size_t)PREFETCH_BLOCKS_Q8 * block_bytes);
         PREFETCH_Q8(p1 + (size_t)PREFETCH_BLOCKS_Q8 * block_bytes);
         const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + b * 32));
         const float dx = xd[b];
         __m256i d0, d1;
-        if (type == Q4_1) {
-            const __m128i q0 = _mm_loadu_si128((const __m128i *)(p0 + 4));
-            const __m128i q1 = _mm_loadu_si128((const __m128i *)(p1 + 4));
-            d0 = dot_u8s8(_mm256_and_si256(_mm256_inserti128_si256(
-                     _mm256_castsi128_si256(q0), _mm_srli_epi16(q0, 4), 1), mask), xv);
-            d1 = dot_u8s8(_mm256_and_si256(_mm256_inserti128_si256(
-                     _mm256_castsi128_si256(q1), _mm_srli_epi16(q1, 4), 1), mask), xv);
-            m0 += half_to_float(p0 + 2) * xs[b];
-            m1 += half_to_float(p1 + 2) * xs[b];
+        if (type != Q8_0) {
+            __m128i lo0, hi0, lo1, hi1;
+            block_u8(p0, type, &lo0, &hi0);
+            block_u8(p1, type, &lo1, &hi1);
+            d0 = dot_u8s8(_mm256_inserti128_si256(_mm256_castsi128_si256(lo0), hi0, 1), xv);
+            d1 = dot_u8s8(_mm256_inserti128_si256(_mm256_castsi128_si256(lo1), hi1, 1), xv);
+            m0 += block_min(p0, type) * xs[b];
+            m1 += block_min(p1, type) * xs[b];
         } else {
             const __m256i w0 = _mm256_loadu_si256((const __m256i *)(p0 + 2));
             const __m256i w1 = _mm256_loadu_si256((const __m256i *)(p1 + 2));
@@ -318,10 +315,13 @@ static inline __attribute__((always_inline)) void row_q8(
             const uint8_t *bp = blocks + (size_t)b * block_bytes;
             const int8_t *xp = xq + r * k + b * 32;
             int dot = 0;
-            if (type == Q4_1) {
+            if (type != Q8_0) {
+                const uint8_t *q = block_nibbles(bp, type);
+                const uint32_t h = has_fifth_bits(type) ? fifth_bits(bp, type) : 0;
                 for (int j = 0; j < 16; j++)
-                    dot += (bp[4 + j] & 0x0f) * xp[j] + (bp[4 + j] >> 4) * xp[j + 16];
-                macc += half_to_float(bp + 2) * xs[r * nb + b];
+                    dot += ((q[j] & 0x0f) | ((h >> j) & 1) << 4) * xp[j]
+                         + ((q[j] >> 4) | ((h >> (j + 16)) & 1) << 4) * xp[j + 16];
+                macc += block_min(bp, type) * xs[r * nb + b];
             } else {
                 for (int j = 0; j < 32; j++) dot += (int8_t)bp[2 + j] * xp[j];
             }
@@ -365,7 +365,6 @@ static inline __attribute__((always_inline)) void row_q8_pairs(
     __m512 acc[2][MAX_ROWS];
     for (int j = 0; j < R; j++)
         for (int i = 0; i < M; i++) acc[j][i] = _mm512_setzero_ps();
-    const __m512i mask = _mm512_set1_epi8(0x0f);
     for (int p = 0; p < np; p++) {
         __m512 dw[2], mw[2];
         __m512i wq[2];
@@ -374,14 +373,15 @@ static inline __attribute__((always_inline)) void row_q8_pairs(
             const uint8_t *bp = blocks + j * row_bytes + (size_t)2 * p * block_bytes, *bq = bp + block_bytes;
             PREFETCH_Q8(bp + (size_t)PREFETCH_BLOCKS_Q8 * block_bytes);
             dw[j] = pair_ps(half_to_float(bp), half_to_float(bq));
-            if (type == Q4_1) {
-                mw[j] = pair_ps(half_to_float(bp + 2), half_to_float(bq + 2));
-                const __m128i q0 = _mm_loadu_si128((const __m128i *)(bp + 4));
-                const __m128i q1 = _mm_loadu_si128((const __m128i *)(bq + 4));
-                __m512i v = _mm512_castsi128_si512(q0);
-                v = _mm512_inserti32x4(v, _mm_srli_epi16(q0, 4), 1);
-                v = _mm512_inserti32x4(v, q1, 2);
-                wq[j] = _mm512_and_si512(_mm512_inserti32x4(v, _mm_srli_epi16(q1, 4), 3), mask);
+            if (type != Q8_0) {
+                mw[j] = pair_ps(block_min(bp, type), block_min(bq, type));
+                __m128i lo0, hi0, lo1, hi1;
+                block_u8(bp, type, &lo0, &hi0);
+                block_u8(bq, type, &lo1, &hi1);
+                __m512i v = _mm512_castsi128_si512(lo0);
+                v = _mm512_inserti32x4(v, hi0, 1);
+                v = _mm512_inserti32x4(v, lo1, 2);
+                wq[j] = _mm512_inserti32x4(v, hi1, 3);
             } else {
                 PREFETCH_Q8(bp + (size_t)PREFETCH_BLOCKS_Q8 * block_bytes + 64); /* 68 B */
                 const __m512i v = _mm512_inserti64x4(
@@ -396,11 +396,11 @@ static inline __attribute__((always_inline)) void row_q8_pairs(
             const __m512i xv = _mm512_loadu_si512(xq + r * k + p * 64);
             const __m512 xd = _mm512_loadu_ps(xd16 + at);
             for (int j = 0; j < R; j++) {
-                const __m512i xs = type == Q4_1 ? xv /* sign(q_x, q_w) for Q8_0's |q_w|: */
+                const __m512i xs = type != Q8_0 ? xv /* sign(q_x, q_w) for Q8_0's |q_w|: */
                     : _mm512_mask_sub_epi8(xv, neg[j], _mm512_setzero_si512(), xv);
                 const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[j], xs));
                 acc[j][i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dw[j], xd), acc[j][i]);
-                if (type == Q4_1) acc[j][i] = _mm512_fmadd_ps(mw[j], _mm512_loadu_ps(xs16 + at), acc[j][i]);
+                if (type != Q8_0) acc[j][i] = _mm512_fmadd_ps(mw[j], _mm512_loadu_ps(xs16 + at), acc[j][i]);
             }
         }
     }
@@ -472,7 +472,7 @@ static void rows_q8(const int8_t *xq, const float *xd, const float *xs, const fl
  * unsupported type or K not a multiple of 32, 2 if the activations' scratch could not be had. */
 int gguf_matmul_q8(const float *x, int m_rows, int k, const uint8_t *w, int type, int n, float *y,
                    int num_threads) {
-    const int block_bytes = type == Q4_1 ? 20 : type == Q8_0 ? 34 : 0;
+    const int block_bytes = block_bytes_of(type);
     if (!block_bytes || k % 32 || m_rows < 1) return 1;
     const size_t nq = (size_t)m_rows * k, ns = (size_t)m_rows * (k / 32);
 #ifdef HAVE_PAIRS
