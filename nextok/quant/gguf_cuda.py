@@ -71,7 +71,8 @@ class GGUFLinear(nn.Module):
 
     def matrices(self) -> list[tuple[int, int, torch.Tensor]]:
         """(first output row, ggml type, blocks) of each matrix."""
-        return [(off, t, getattr(self, f"blocks{i}")) for i, (off, t) in enumerate(zip(self.offsets, self.types))]
+        return [(off, t, getattr(self, f"blocks{i}"))
+                for i, (off, t) in enumerate(zip(self.offsets, self.types))]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in] -> [T, out]

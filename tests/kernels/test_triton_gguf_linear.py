@@ -69,7 +69,8 @@ def test_kernel_equals_dequantize_then_matmul(type_id, rows, dtype):
     x = _x(rows, k, dtype)
     bias = (torch.randn(n, generator=torch.Generator().manual_seed(1)) * w.abs().max()).to(DEVICE, dtype)
     assert_matches(gguf_matmul(x, blocks, type_id, k), x.float().cpu() @ w.T, dtype)
-    assert_matches(gguf_matmul(x, blocks, type_id, k, bias), x.float().cpu() @ w.T + bias.float().cpu(), dtype)
+    assert_matches(gguf_matmul(x, blocks, type_id, k, bias), x.float().cpu() @ w.T + bias.float().cpu(),
+                   dtype)
 
 
 @pytest.mark.parametrize("type_id", [2, 3, 8])
@@ -104,7 +105,8 @@ def test_layer_of_mixed_shards_with_bias(rows, dtype):
     a bias. Up to MAX_ROWS rows: the kernel, each matrix writing its columns; more: dequantize
     into the scratch matrix, then one matmul."""
     k = 256
-    shards = [(12, random_blocks(12, 16, k, 0)), (12, random_blocks(12, 8, k, 1)), (14, random_blocks(14, 8, k))]
+    shards = [(12, random_blocks(12, 16, k, 0)), (12, random_blocks(12, 8, k, 1)),
+              (14, random_blocks(14, 8, k))]
     w = torch.cat([reference_weight(raw, t, k) for t, raw in shards])
     bias = torch.randn(32, generator=torch.Generator().manual_seed(2)) * 0.1
     layer = GGUFLinear([(t, torch.from_numpy(raw).to(DEVICE)) for t, raw in shards], k,
