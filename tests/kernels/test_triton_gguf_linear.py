@@ -147,3 +147,44 @@ def test_bad_arguments_give_clear_errors():
         gguf_matmul(_x(MAX_ROWS + 1, 64, torch.float32), raw, 8, 64)
     with pytest.raises(ValueError, match="K = 48 is not a positive multiple of Q8_0's block of 32"):
         GGUFLinear([(8, torch.zeros(4, 51, dtype=torch.uint8))], 48, None, torch.float32)
+
+
+COMPILE_SM90 = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from nextok.kernels.triton import gguf_linear as g
+
+target = GPUTarget("cuda", 90, 32)
+ARGS = "K TYPE QK NB S HAS_BIAS USE_DOT IEEE BLOCK_M BLOCK_N".split()
+for t, (qk, nb, s) in g.TYPES.items():
+    for dot in (False, True):
+        sig = dict(x_ptr="*bf16", w_ptr="*u8", b_ptr="*bf16", y_ptr="*bf16", M="i32", N="i32",
+                   s_xm="i32", s_ym="i32", **{a: "constexpr" for a in ARGS})
+        const = dict(K=512, TYPE=t, QK=qk, NB=nb, S=s, HAS_BIAS=True, USE_DOT=dot, IEEE=False,
+                     BLOCK_M=16 if dot else 1, BLOCK_N=32 if dot else 16)
+        k = triton.compile(ASTSource(g._gguf_linear_kernel, sig, const), target=target,
+                           options=dict(num_warps=4, num_stages=3))
+        assert k.asm["cubin"] and ".local" not in k.asm["ptx"], (t, dot)  # no register spills
+    sig = dict(w_ptr="*u8", out_ptr="*bf16", N="i32", s_on="i32",
+               **{a: "constexpr" for a in "K TYPE QK NB S BLOCK_N".split()})
+    triton.compile(ASTSource(g._dequant_kernel, sig, dict(K=512, TYPE=t, QK=qk, NB=nb, S=s, BLOCK_N=32)),
+                   target=target, options=dict(num_warps=4))
+print("compiled")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the tests above already ran them on the GPU")
+def test_kernels_compile_for_hopper_without_a_gpu():
+    """The interpreter runs Python, not the compiler: build every type's kernels for sm_90
+    (Triton's own ptxas, no GPU needed), so code that only the compiler rejects fails here."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", COMPILE_SM90], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and "compiled" in out.stdout, out.stderr[-3000:]

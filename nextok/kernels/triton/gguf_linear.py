@@ -100,10 +100,11 @@ def _dequant_tile(w_ptr, n3, n_ok3, k0, K: tl.constexpr, TYPE: tl.constexpr, QK:
         scale, mn = _k_scale_min(bg + 4, sub, mg)
         d = _f16(bg, mg) * scale
         dm = _f16(bg + 2, mg) * mn
-        s = j // 32
-        QS: tl.constexpr = 16 if TYPE == 12 else 48  # qs's first byte
-        q = (_u8(bb + QS + (s // 2) * 32 + j % 32, m) >> ((s % 2) * 4)) & 0xF
-        if TYPE == 13:
+        s = j // 32  # the weight's sub-block; qs starts at byte 16 (Q4_K) or 48 (Q5_K)
+        if TYPE == 12:
+            q = (_u8(bb + 16 + (s // 2) * 32 + j % 32, m) >> ((s % 2) * 4)) & 0xF
+        else:
+            q = (_u8(bb + 48 + (s // 2) * 32 + j % 32, m) >> ((s % 2) * 4)) & 0xF
             q = q | (((_u8(bb + 16 + j % 32, m) >> s) & 1) << 4)
         w = d * q.to(tl.float32) - dm
     else:  # Q6_K (TYPE == 14)
