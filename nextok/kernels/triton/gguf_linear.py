@@ -24,8 +24,9 @@ CUDA cores; more: tl.dot with the rows padded to 16. Bigger steps (prefill) dequ
 weight with the same code into a scratch matrix (`dequantize`), then a dense matmul
 (quant/gguf_cuda.py).
 
-Not yet measured on a GPU: correct in Triton's interpreter (tests/kernels/test_triton_gguf_linear.py);
-every weight byte is gathered per element (a nibble byte twice), so the tiles are a first guess.
+Not yet run on a GPU: correct in Triton's interpreter, and it compiles for sm_90 without register
+spills (tests/kernels/test_triton_gguf_linear.py). Every weight byte is gathered per element (a
+nibble byte twice, a scale once per sub-block), so the tiles are a first guess, to be measured.
 """
 from __future__ import annotations
 
