@@ -82,8 +82,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "than 32 rows, 8 with --gguf-activations float32, then dequantize each "
                         "weight per call)")
     g.add_argument("--no-gguf-blocks", dest="gguf_blocks", action="store_false",
-                   help="CPU: keep GGUF weights only dequantized (default: decode steps read "
-                        "Q4_1/Q8_0 weights as their blocks)")
+                   help="keep GGUF weights only dequantized (default: on CPU decode steps read "
+                        "Q4_1/Q8_0 weights as their blocks; on CUDA Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K "
+                        "weights stay packed and run through a Triton kernel)")
     g.add_argument("--gguf-activations", default="auto", choices=["auto", "int8", "float32"],
                    help="CPU: the GGUF block kernel's activations: float32 (exactly the "
                         "dequantized weights' products, so outputs do not depend on the batch) or "

@@ -122,7 +122,8 @@ class EngineConfig:
     # reference path, and an ablation for benchmarks).
     cpu_kernels: bool = True
     # CPU float32 or bfloat16 on a GGUF file: decode-sized steps read Q4_1/Q8_0 weights as their
-    # blocks (kernels/cpu_gguf_linear.py); False = the dequantized weights only.
+    # blocks (kernels/cpu_gguf_linear.py); on CUDA, Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weights are
+    # kept only as blocks (quant/gguf_cuda.py). False = the dequantized weights only.
     gguf_blocks: bool = True
     # ... and keep the dense weights too (float32 or bfloat16), for steps too big for the blocks
     # (faster than dequantizing the blocks per call); False: the blocks are the only copy.

@@ -141,7 +141,7 @@ class LlamaForCausalLM(nn.Module):
     def use_gguf_blocks(self, blocks: Iterable[tuple[str, int, torch.Tensor]],
                         keep_dense: bool = True, activations: str = "float32") -> int:
         """After pack_for_cpu, on float32 or bfloat16: every linear whose weights (all shards of a
-        fused one) come as GGUF blocks of one type also keeps them, and reads them for decode-sized
+        fused one) come as GGUF blocks with a CPU kernel also keeps them, and reads them for decode-sized
         steps; keep_dense=False drops its dense weights (bigger steps then dequantize the blocks).
         blocks: (HF name, ggml type, raw [rows, row bytes]); activations: the block kernel's,
         int8 or float32 (kernels/cpu_gguf_linear.py). Returns how many layers took them."""
@@ -151,21 +151,9 @@ class LlamaForCausalLM(nn.Module):
         # bfloat16 dense layers (AMX) catch up with the blocks at fewer rows than float32 ones
         dense_rows = INT8_BF16_DENSE_MAX_ROWS if self.embed_tokens.weight.dtype == torch.bfloat16 else None
 
-        shards: dict[str, dict[int, tuple[int, torch.Tensor]]] = {}
-        for hf_name, type_id, raw in blocks:
-            name = hf_name.removeprefix("model.")
-            if name == "embed_tokens.weight":  # lookups keep the float32 table
-                if not self.config.tie_word_embeddings:
-                    continue
-                name = "lm_head.weight"  # the tied lm_head reads the embedding's blocks
-            elif name == "lm_head.weight" and self.config.tie_word_embeddings:
-                continue
-            target, shard = self._target(name)
-            if target.endswith(".weight"):
-                shards.setdefault(target.removesuffix(".weight"), {})[shard or 0] = (type_id, raw)
         swapped = 0
-        for module_name, parts in shards.items():
-            want = 3 if module_name.endswith("qkv_proj") else 2 if module_name.endswith("gate_up_proj") else 1
+        for module_name, parts in self._gguf_shards(blocks).items():
+            want = self._num_shards(module_name)
             dense = self.get_submodule(module_name) if module_name != "lm_head" else self.lm_head
             if len(parts) != want or dense is None:
                 continue  # a part in a type without a block kernel: stays dense
@@ -188,6 +176,56 @@ class LlamaForCausalLM(nn.Module):
                     else BlockLinear(layer))
             swapped += 1
         return swapped
+
+    def use_gguf_device_blocks(self, blocks: Iterable[tuple[str, int, torch.Tensor]]) -> int:
+        """After loading, before set_fused_ops (CUDA): every linear whose weights (every shard
+        of a fused one) come as GGUF blocks of a type the Triton kernel reads is replaced by a
+        GGUFLinear holding only the blocks (quant/gguf_cuda.py); its dense weights are dropped.
+        Shards of different types (*_K_M files) stay separate matrices of that one layer; a
+        linear with any shard of another type (F16, Q5_0, ...) stays dense. The tied lm_head
+        reads the embedding's blocks, the lookups keep the dense table. blocks: (HF name, ggml
+        type, raw [rows, row bytes]). Returns how many layers took blocks."""
+        from nextok.quant.gguf_cuda import GGUFLinear
+
+        device, dtype = self.embed_tokens.weight.device, self.embed_tokens.weight.dtype
+        swapped = 0
+        for module_name, parts in self._gguf_shards(blocks).items():
+            if len(parts) != self._num_shards(module_name):
+                continue
+            dense = self.get_submodule(module_name) if module_name != "lm_head" else self.lm_head
+            out, k = ((dense.out_features, dense.in_features) if dense is not None
+                      else self.embed_tokens.weight.shape)  # None: the tied lm_head
+            bias = getattr(dense, "bias", None)
+            layer = GGUFLinear([(t, raw.to(device)) for t, raw in (parts[i] for i in sorted(parts))],
+                               k, bias, dtype)
+            if layer.out_features != out:
+                raise ModelLoadError(f"GGUF blocks of {module_name} hold {layer.out_features} "
+                                     f"rows, expected {out}")
+            parent_name, _, attr = module_name.rpartition(".")
+            setattr(self.get_submodule(parent_name) if parent_name else self, attr, layer)
+            swapped += 1
+        return swapped
+
+    def _gguf_shards(self, blocks) -> dict[str, dict[int, tuple[int, torch.Tensor]]]:
+        """GGUF blocks -> {linear's module name: {shard: (ggml type, raw)}}; the tied lm_head
+        takes the embedding's blocks (an untied embedding's are left out: lookups stay dense)."""
+        shards: dict[str, dict[int, tuple[int, torch.Tensor]]] = {}
+        for hf_name, type_id, raw in blocks:
+            name = hf_name.removeprefix("model.")
+            if name == "embed_tokens.weight":  # lookups keep the dense table
+                if not self.config.tie_word_embeddings:
+                    continue
+                name = "lm_head.weight"  # the tied lm_head reads the embedding's blocks
+            elif name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            target, shard = self._target(name)
+            if target.endswith(".weight"):
+                shards.setdefault(target.removesuffix(".weight"), {})[shard or 0] = (type_id, raw)
+        return shards
+
+    @staticmethod
+    def _num_shards(module_name: str) -> int:
+        return 3 if module_name.endswith("qkv_proj") else 2 if module_name.endswith("gate_up_proj") else 1
 
     # ---- weights ---------------------------------------------------------------------------
     # HF name suffix -> (our parameter suffix, shard index within the fused matrix)

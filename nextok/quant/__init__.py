@@ -3,9 +3,9 @@
 The model is built and loaded dense; the model runner then swaps each decoder linear for the
 method's layer (`quantize_model`), before anything else binds to the weights. The lm_head and the
 embedding stay dense, as in vLLM: they are read once per step and hold the logits' precision.
-GGUF files that arrive quantized take their own path for now (kernels/cpu_gguf_linear.py,
-`--no-gguf-blocks` turns it off); AWQ and GPTQ checkpoints arrive quantized (model/awq.py,
-model/gptq.py).
+GGUF files that arrive quantized take their own path for now (kernels/cpu_gguf_linear.py on CPU,
+quant/gguf_cuda.py on CUDA; `--no-gguf-blocks` turns it off); AWQ and GPTQ checkpoints arrive
+quantized (model/awq.py, model/gptq.py).
 
 - int8: weight-only, one symmetric scale per output channel (quant/int8.py);
 - int4: weight-only round-to-nearest, asymmetric, groups of 128 (quant/int4.py), the baseline

@@ -24,7 +24,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class ModelRunner:
     def __init__(self, config: EngineConfig, weights, max_model_len: int, blocks=None):
         """weights: (name, tensor) iterator, None for dummy weights; blocks: a checkpoint's
-        `blocks(type_ids)` to keep GGUF weights as blocks for decode on CPU (None: never)."""
+        `blocks(type_ids)` to keep GGUF weights as blocks, on CPU for decode, on CUDA as the only
+        copy (None: never)."""
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = DTYPES[config.dtype]
@@ -46,6 +47,12 @@ class ModelRunner:
             method = get_quant_method(config.quantization, config.quant_group_size)
             method.check(self.device, self.dtype)
             quantize_model(model, method)
+        if blocks is not None and weights is not None and self._gguf_on_device():
+            from nextok.quant.gguf_cuda import TYPE_IDS
+
+            model.use_gguf_device_blocks(blocks(TYPE_IDS))  # before anything binds to the weights
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # the dropped dense weights: free for the KV pool
         if self.device.type == "cuda" or config.cpu_kernels:
             from nextok.kernels.select import fused_ops_for
 
@@ -76,6 +83,11 @@ class ModelRunner:
 
             return TritonBackend()
         return TorchRefBackend(self._cpu_decode_kernel())
+
+    def _gguf_on_device(self) -> bool:
+        """CUDA: GGUF weights stay as their blocks (quant/gguf_cuda.py), unless --no-gguf-blocks
+        or --quantization. (Tests turn it on for CPU engines in Triton's interpreter.)"""
+        return self.device.type == "cuda" and self.config.gguf_blocks and not self.config.quantization
 
     def _gguf_blocks_apply(self) -> bool:
         if (self.dtype not in (torch.float32, torch.bfloat16) or not self.config.gguf_blocks
