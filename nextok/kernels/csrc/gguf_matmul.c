@@ -83,6 +83,23 @@ static inline void block_u8(const uint8_t *b, int type, __m128i *lo, __m128i *hi
     }
 }
 
+/* The same 32 weights in one 256-bit vector, weight i in byte i (for the int8 kernels): the
+ * fifth bits expanded all at once (byte i picks byte i / 8 of qh, then tests bit i % 8). */
+static inline __m256i block_u8_256(const uint8_t *b, int type) {
+    const __m128i q = _mm_loadu_si128((const __m128i *)block_nibbles(b, type));
+    __m256i v = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1),
+                                 _mm256_set1_epi8(0x0f));
+    if (has_fifth_bits(type)) {
+        const __m256i spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32((int)fifth_bits(b, type)),
+            _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        v = _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                                                _mm256_set1_epi8(16)));
+    }
+    return v;
+}
+
 static inline v8 i8_to_v8(__m128i bytes) {
     v8 r;
     __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
@@ -241,9 +258,7 @@ static inline __attribute__((always_inline)) void row_q8(
         const float dw = half_to_float(bp);
         if (type != Q8_0) {
             const float mw = block_min(bp, type);
-            __m128i lo, hi;
-            block_u8(bp, type, &lo, &hi);
-            const __m256i wq = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+            const __m256i wq = block_u8_256(bp, type);
             for (int i = 0; i < M; i++) {
                 const size_t r = (size_t)(r0 + i);
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * k + b * 32));
@@ -282,11 +297,8 @@ static inline void two_rows_q8(const int8_t *xq, const float *xd, const float *x
         const float dx = xd[b];
         __m256i d0, d1;
         if (type != Q8_0) {
-            __m128i lo0, hi0, lo1, hi1;
-            block_u8(p0, type, &lo0, &hi0);
-            block_u8(p1, type, &lo1, &hi1);
-            d0 = dot_u8s8(_mm256_inserti128_si256(_mm256_castsi128_si256(lo0), hi0, 1), xv);
-            d1 = dot_u8s8(_mm256_inserti128_si256(_mm256_castsi128_si256(lo1), hi1, 1), xv);
+            d0 = dot_u8s8(block_u8_256(p0, type), xv);
+            d1 = dot_u8s8(block_u8_256(p1, type), xv);
             m0 += block_min(p0, type) * xs[b];
             m1 += block_min(p1, type) * xs[b];
         } else {
@@ -375,13 +387,8 @@ static inline __attribute__((always_inline)) void row_q8_pairs(
             dw[j] = pair_ps(half_to_float(bp), half_to_float(bq));
             if (type != Q8_0) {
                 mw[j] = pair_ps(block_min(bp, type), block_min(bq, type));
-                __m128i lo0, hi0, lo1, hi1;
-                block_u8(bp, type, &lo0, &hi0);
-                block_u8(bq, type, &lo1, &hi1);
-                __m512i v = _mm512_castsi128_si512(lo0);
-                v = _mm512_inserti32x4(v, hi0, 1);
-                v = _mm512_inserti32x4(v, lo1, 2);
-                wq[j] = _mm512_inserti32x4(v, hi1, 3);
+                wq[j] = _mm512_inserti64x4(_mm512_castsi256_si512(block_u8_256(bp, type)),
+                                           block_u8_256(bq, type), 1);
             } else {
                 PREFETCH_Q8(bp + (size_t)PREFETCH_BLOCKS_Q8 * block_bytes + 64); /* 68 B */
                 const __m512i v = _mm512_inserti64x4(
