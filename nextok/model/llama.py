@@ -182,7 +182,7 @@ class LlamaForCausalLM(nn.Module):
         of a fused one) come as GGUF blocks of a type the Triton kernel reads is replaced by a
         GGUFLinear holding only the blocks (quant/gguf_cuda.py); its dense weights are dropped.
         Shards of different types (*_K_M files) stay separate matrices of that one layer; a
-        linear with any shard of another type (F16, Q5_0, ...) stays dense. The tied lm_head
+        linear with any shard of another type (F16, Q2_K, ...) stays dense. The tied lm_head
         reads the embedding's blocks, the lookups keep the dense table. blocks: (HF name, ggml
         type, raw [rows, row bytes]). Returns how many layers took blocks."""
         from nextok.quant.gguf_cuda import GGUFLinear

@@ -1,5 +1,5 @@
-"""GGUF checkpoints kept packed on CUDA: each linear holds its raw ggml blocks (Q4_0, Q4_1, Q8_0,
-Q4_K, Q5_K, Q6_K) and no dense weight.
+"""GGUF checkpoints kept packed on CUDA: each linear holds its raw ggml blocks (Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) and no dense weight.
 
 Decode-sized steps (<= MAX_ROWS rows) run the Triton kernel that dequantizes in registers
 (kernels/triton/gguf_linear.py): a step streams the blocks, 2-4x fewer bytes than bfloat16.

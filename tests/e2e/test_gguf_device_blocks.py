@@ -16,16 +16,18 @@ gguf = pytest.importorskip("gguf")
 pytest.importorskip("triton")
 
 from nextok import LLM, SamplingParams  # noqa: E402
+from nextok.kernels.triton.gguf_linear import TYPES  # noqa: E402
 from nextok.quant.gguf_cuda import GGUFLinear  # noqa: E402
 from nextok.worker.model_runner import ModelRunner  # noqa: E402
 from tests.kernels.test_triton_gguf_linear import random_blocks  # noqa: E402
 
 HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 256, 512, 4, 2, 100  # K-quants need rows of 256
-Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 8, 12, 13, 14
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 8, 12, 13, 14
 # per layer: q, k, v, o, gate, up, down. Layer 0 as a *_K_M file (v and down Q6_K: a qkv of two
-# types); layer 1 the 32-weight types and a gate_up of two K-quants.
+# types); layer 1 the 32-weight types (q and k Q5_0, v Q8_0, as a *_K_M file of a model whose
+# hidden size is not a multiple of 256 stores them) and a gate_up of two K-quants.
 LAYER_TYPES = [(Q4_K, Q4_K, Q6_K, Q5_K, Q4_0, Q4_0, Q6_K),
-               (Q8_0, Q8_0, Q8_0, Q4_1, Q4_K, Q5_K, Q8_0)]
+               (Q5_0, Q5_0, Q8_0, Q4_1, Q4_K, Q5_K, Q5_1)]
 NAMES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
@@ -43,7 +45,13 @@ def _write(path) -> str:
         add(value)
 
     def raw(name, rows, cols, qtype, seed):
-        w.add_tensor(name, random_blocks(qtype, rows, cols, seed), raw_dtype=gguf.GGMLQuantizationType(qtype))
+        if qtype in (Q5_0, Q5_1):  # from zero-mean floats: with random blocks here (Q5_1's
+            # w = d * q + m, q >= 0: rows of a large mean) every prompt gave the same tokens
+            f = np.random.default_rng(seed).normal(0, 0.05, (rows, cols)).astype(np.float32)
+            blocks = gguf.quants.quantize(f, gguf.GGMLQuantizationType(qtype))
+        else:
+            blocks = random_blocks(qtype, rows, cols, seed)
+        w.add_tensor(name, blocks, raw_dtype=gguf.GGMLQuantizationType(qtype))
 
     raw("token_embd.weight", VOCAB, HIDDEN, Q6_K, 0)  # tied: the lm_head reads these blocks
     w.add_tensor("output_norm.weight", np.ones(HIDDEN, np.float32))
@@ -77,7 +85,10 @@ def test_weights_stay_packed_one_layer_per_linear(engines):
     layers = [m for m in model.modules() if isinstance(m, GGUFLinear)]
     assert len(layers) == 4 * len(LAYER_TYPES) + 1  # qkv, o, gate_up, down per layer + lm_head
     assert model.layers[0].self_attn.qkv_proj.types == [Q4_K, Q6_K]  # q + k, then v
+    assert model.layers[1].self_attn.qkv_proj.types == [Q5_0, Q8_0]
     assert model.layers[1].mlp.gate_up_proj.types == [Q4_K, Q5_K]
+    assert model.layers[1].mlp.down_proj.types == [Q5_1]
+    assert {t for types in LAYER_TYPES for t in types} == set(TYPES)  # every type the kernel reads
     assert model.lm_head.types == [Q6_K] and model.lm_head.out_features == VOCAB
     assert not any(isinstance(p, torch.nn.Parameter) and p.dim() == 2 and p.shape[1] == FFN
                    for p in model.parameters())  # no dense down_proj left

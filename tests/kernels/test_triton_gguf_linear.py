@@ -22,9 +22,10 @@ from nextok.quant import gguf_cuda  # noqa: E402
 from nextok.quant.gguf_cuda import GGUFLinear  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# ggml type -> byte offsets of its f16 scales (d first; a second one: Q4_1's m, K-quants' dmin)
-F16_FIELDS = {2: (0,), 3: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
-SCALES = {2: 1e-2, 3: 1e-2, 8: 1e-2, 12: 1e-4, 13: 1e-4, 14: 1e-4}  # |d| below this
+# ggml type -> byte offsets of its f16 scales (d first; a second one: Q4_1 / Q5_1's m, K-quants'
+# dmin)
+F16_FIELDS = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
+SCALES = {2: 1e-2, 3: 1e-2, 6: 1e-2, 7: 1e-2, 8: 1e-2, 12: 1e-4, 13: 1e-4, 14: 1e-4}  # |d| below this
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
@@ -73,7 +74,7 @@ def test_kernel_equals_dequantize_then_matmul(type_id, rows, dtype):
                    dtype)
 
 
-@pytest.mark.parametrize("type_id", [2, 3, 8])
+@pytest.mark.parametrize("type_id", [2, 3, 6, 7, 8])
 def test_32_weight_blocks_take_k_in_partial_tiles(type_id):
     n, k = 5, 96  # three 32-weight blocks: less than one 256-column tile
     raw = random_blocks(type_id, n, k)
@@ -137,8 +138,8 @@ def test_scratch_is_shared_and_grown_at_construction():
 def test_bad_arguments_give_clear_errors():
     x = _x(1, 64, torch.float32)
     raw = torch.from_numpy(random_blocks(8, 4, 64)).to(DEVICE)
-    with pytest.raises(ValueError, match="ggml type 6 has no Triton GGUF kernel"):
-        gguf_matmul(x, raw, 6, 64)  # Q5_0
+    with pytest.raises(ValueError, match="ggml type 10 has no Triton GGUF kernel"):
+        gguf_matmul(x, raw, 10, 64)  # Q2_K
     with pytest.raises(ValueError, match="K = 288 is not a positive multiple of Q4_K's block of 256"):
         gguf_matmul(_x(1, 288, torch.float32), torch.zeros(4, 144, dtype=torch.uint8, device=DEVICE), 12, 288)
     with pytest.raises(ValueError, match=r"Q8_0 blocks for \[4, 64\] must be contiguous uint8 \[4, 68\]"):

@@ -5,8 +5,11 @@ W: `blocks` uint8 [N, K / QK * NB], row n of W as its K / QK blocks of NB bytes 
 order (exactly what GGUFFile.blocks yields). Types (ggml id: QK weights in NB bytes):
   Q4_0 (2): 32 in 18:  f16 d | qs[16]              w = d * (q - 8)
   Q4_1 (3): 32 in 20:  f16 d | f16 m | qs[16]      w = d * q + m
+  Q5_0 (6): 32 in 22:  f16 d | u32 qh | qs[16]     w = d * (q - 16)
+  Q5_1 (7): 32 in 24:  f16 d | f16 m | u32 qh | qs[16]   w = d * q + m
   Q8_0 (8): 32 in 34:  f16 d | int8 q[32]          w = q * d
-    (qs: byte i holds weight i in its low nibble, weight i + 16 in its high one)
+    (qs: byte i holds weight i in its low nibble, weight i + 16 in its high one; Q5_0 / Q5_1's
+    fifth bit of weight i is bit i of the little-endian qh)
   Q4_K (12): 256 in 144: f16 d | f16 dmin | scales[12] | qs[128]
   Q5_K (13): 256 in 176: f16 d | f16 dmin | scales[12] | qh[32] | qs[128]
     8 sub-blocks of 32, each with a 6-bit scale sc and min mn: w = (d * sc) * q - dmin * mn.
@@ -26,7 +29,8 @@ weight with the same code into a scratch matrix (`dequantize`), then a dense mat
 
 Not yet run on a GPU: correct in Triton's interpreter, and it compiles for sm_90 without register
 spills (tests/kernels/test_triton_gguf_linear.py). Every weight byte is gathered per element (a
-nibble byte twice, a scale once per sub-block), so the tiles are a first guess, to be measured.
+nibble byte twice; a scale, or Q5_0 / Q5_1's qh word, once per sub-block), so the tiles are a
+first guess, to be measured.
 """
 from __future__ import annotations
 
@@ -38,9 +42,9 @@ from triton.runtime.jit import JITFunction
 MAX_ROWS = 16
 TILE_K = 256  # columns per tile: one K-quant super-block, eight 32-weight blocks
 # ggml type id -> (weights per block, bytes per block, weights per sub-block)
-TYPES = {2: (32, 18, 32), 3: (32, 20, 32), 8: (32, 34, 32),
+TYPES = {2: (32, 18, 32), 3: (32, 20, 32), 6: (32, 22, 32), 7: (32, 24, 32), 8: (32, 34, 32),
          12: (256, 144, 32), 13: (256, 176, 32), 14: (256, 210, 16)}
-NAMES = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 
 
 @triton.jit
@@ -54,6 +58,15 @@ def _f16(p, mask):
     lo = tl.load(p, mask=mask, other=0).to(tl.uint16)
     hi = tl.load(p + 1, mask=mask, other=0).to(tl.uint16)
     return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _fifth_bit(p, j, mask):
+    # Q5_0 / Q5_1: bit j of the little-endian u32 at p (a block's qh, [BLOCK_N, G, 1], read once
+    # per block; it is not 4-byte aligned, so as four bytes) -> int32 0 or 1, j's shape
+    qh = (_u8(p, mask) | (_u8(p + 1, mask) << 8) | (_u8(p + 2, mask) << 16)).to(tl.uint32)
+    qh = qh | (_u8(p + 3, mask).to(tl.uint32) << 24)
+    return ((qh >> j.to(tl.uint32)) & 1).to(tl.int32)
 
 
 @triton.jit
@@ -92,6 +105,14 @@ def _dequant_tile(w_ptr, n3, n_ok3, k0, K: tl.constexpr, TYPE: tl.constexpr, QK:
         w = _f16(bg, mg) * (q.to(tl.float32) - 8.0)
     elif TYPE == 3:  # Q4_1
         q = (_u8(bb + 4 + j % 16, m) >> ((j // 16) * 4)) & 0xF
+        w = _f16(bg, mg) * q.to(tl.float32) + _f16(bg + 2, mg)
+    elif TYPE == 6:  # Q5_0: qh at byte 2, qs at 6
+        q = (_u8(bb + 6 + j % 16, m) >> ((j // 16) * 4)) & 0xF
+        q = q | (_fifth_bit(bg + 2, j, mg) << 4)
+        w = _f16(bg, mg) * (q.to(tl.float32) - 16.0)
+    elif TYPE == 7:  # Q5_1: m at byte 2, qh at 4, qs at 8
+        q = (_u8(bb + 8 + j % 16, m) >> ((j // 16) * 4)) & 0xF
+        q = q | (_fifth_bit(bg + 4, j, mg) << 4)
         w = _f16(bg, mg) * q.to(tl.float32) + _f16(bg + 2, mg)
     elif TYPE == 8:  # Q8_0
         q = tl.load(bb + 2 + j, mask=m, other=0).to(tl.int8, bitcast=True)
