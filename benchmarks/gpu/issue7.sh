@@ -2,6 +2,8 @@
 # Issue 7 (quantization) on the H200, from the repo root of the GPU machine:
 #   bash benchmarks/gpu/issue7.sh w4a16     kernel tests on CUDA; the W4A16 tile sweep; the 8B
 #                                           decode step bf16 vs int4 (W4A16), A/B interleaved
+#   bash benchmarks/gpu/issue7.sh gguf      the Triton GGUF block kernel: its tests on CUDA, then its tiles
+#                                           at the 8B layer shapes per type against bf16 (gguf_probe.py)
 #   bash benchmarks/gpu/issue7.sh fp8-kv    offline throughput 1000 x 512 -> 256, bf16 vs fp8 (and fp8
 #                                           with an fp8 KV cache); the
 #                                           4k-token sequences a KV budget holds per cache dtype
@@ -41,6 +43,14 @@ w4a16)
         step "8B decode step, int4 W4A16 (round $r)"; latency int4-r$r --quantization int4
     done
     ;;
+gguf)
+    step GGUF block kernel tests on CUDA
+    timeout ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_gguf_linear.py \
+        2>&1 | tail -12 | tee "$OUT/gguf-kernel-tests.txt"
+    step GGUF kernel tiles, Llama-3.1-8B layer shapes
+    timeout ${T_PROBE:-300} python3 benchmarks/gpu/gguf_probe.py "$OUT/gguf-probe.json" \
+        ${PROBE_SHAPES:-6144x4096,4096x4096,28672x4096,4096x14336} ${PROBE_TYPES:-2,12,6,14,8} 2>&1 | grep -v "^  " | tail -45
+    ;;
 fp8-kv)
     # fp8kv: FP8 weights and an fp8 KV cache, as FP8 is served on Hopper. In this workload the
     # decode steps read more KV (256 sequences x ~640 tokens x 128 KiB) than weights (16 GB), so
@@ -62,7 +72,7 @@ fp8-kv)
     done
     ;;
 *)
-    echo "usage: $0 w4a16|fp8-kv" >&2
+    echo "usage: $0 w4a16|gguf|fp8-kv" >&2
     exit 2
     ;;
 esac

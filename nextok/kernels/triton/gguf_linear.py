@@ -215,7 +215,19 @@ def check(type_id: int, n: int, k: int, blocks: torch.Tensor | None = None) -> t
     return qk, nb, s
 
 
+_override: dict | None = None  # set_config: one tile for every call (benchmarks/gpu/gguf_probe.py)
+
+
+def set_config(cfg: dict | None) -> None:
+    """Force BLOCK_N / num_warps / num_stages (and USE_DOT, BLOCK_M) for every call; None: the defaults."""
+    global _override
+    _override = cfg
+
+
 def _config(m: int, device: torch.device) -> dict:
+    if _override is not None and device.type == "cuda":
+        base = dict(USE_DOT=m > 1, BLOCK_M=1 if m == 1 else 16)
+        return {**base, **_override}
     if device.type != "cuda":  # the interpreter: small tiles
         return dict(USE_DOT=m > 1, BLOCK_M=1 if m == 1 else 16, BLOCK_N=16, num_warps=4, num_stages=1)
     if m == 1:

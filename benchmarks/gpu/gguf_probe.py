@@ -1,0 +1,92 @@
+"""The Triton GGUF block kernel (kernels/triton/gguf_linear.py) at decode shapes, against bf16
+(issue 7: GGUF kept packed on CUDA). Not yet run on a GPU when written.
+
+    python3 benchmarks/gpu/gguf_probe.py OUT.json [SHAPES] [TYPES]
+
+For each shape y = x @ W.T (N x K), each ggml type (default Q4_0, Q4_K, Q5_0, Q6_K, Q8_0) and 1 and
+8 rows: bf16 through cuBLAS, and the GGUF kernel at every tile of a small grid, each timed as a CUDA
+graph of 24 calls with the weights rotating over copies larger than the L2 (w4a16_probe.graph_us).
+Random blocks with sane f16 scales; every output is checked against dequantize + F.linear. Writes
+every timing to OUT.json; prints the best tile per shape, type and row count with its bandwidth.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.getcwd())
+
+from benchmarks.gpu.w4a16_probe import graph_us  # noqa: E402
+from nextok.bench.common import header  # noqa: E402
+from nextok.kernels.triton import gguf_linear as gl  # noqa: E402
+
+DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336"
+DEFAULT_TYPES = "2,12,6,14,8"
+# byte offsets of each type's f16 scales (d, and dmin / m): random bytes elsewhere
+HALF_SCALES = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
+TILES = [dict(BLOCK_N=bn, num_warps=nw, num_stages=ns)
+         for bn, nw, ns in itertools.product((8, 16, 32, 64), (2, 4, 8), (2, 3, 4))]
+
+
+def random_blocks(type_id: int, n: int, k: int, dev) -> torch.Tensor:
+    per_block, nbytes, _ = gl.TYPES[type_id]
+    nb = n * k // per_block
+    raw = torch.randint(0, 256, (nb, nbytes), dtype=torch.uint8, device=dev)
+    lo, hi = (1e-4, 1e-3) if per_block == 256 else (1e-3, 2e-2)
+    for off in HALF_SCALES[type_id]:
+        half = (torch.rand(nb, device=dev) * (hi - lo) + lo).to(torch.float16)
+        raw[:, off:off + 2] = half.view(torch.uint8).view(nb, 2)
+    return raw.view(n, -1)
+
+
+def main() -> int:
+    out_path = sys.argv[1]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in (sys.argv[2] if len(sys.argv) > 2 else DEFAULT_SHAPES).split(",")]
+    types = [int(t) for t in (sys.argv[3] if len(sys.argv) > 3 else DEFAULT_TYPES).split(",")]
+    dev, results = torch.device("cuda"), []
+    for (n, k), type_id in itertools.product(shapes, types):
+        blocks = random_blocks(type_id, n, k, dev)
+        w = gl.dequantize(blocks, type_id, k, torch.empty(n, k, device=dev, dtype=torch.float32))
+        nbytes = blocks.numel()
+        copies = max(2, -(-400 * 2**20 // nbytes))
+        packs = [blocks.clone() for _ in range(copies)]
+        bcopies = max(2, -(-400 * 2**20 // (n * k * 2)))
+        bfs = [w.to(torch.bfloat16) for _ in range(bcopies)]
+        for rows in (1, 8):
+            x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
+            ref = F.linear(x.float(), w)
+            r = {"n": n, "k": k, "type": gl.NAMES[type_id], "rows": rows, "block_bytes": nbytes,
+                 "bf16_cublas_us": graph_us(lambda i: F.linear(x, bfs[i]), bcopies)}
+            sweep = []
+            for cfg in TILES:
+                gl.set_config(cfg)
+                try:
+                    us = graph_us(lambda i: gl.gguf_matmul(x, packs[i], type_id, k), copies)
+                    err = ((gl.gguf_matmul(x, blocks, type_id, k).float() - ref).abs().max()
+                           / ref.abs().max()).item()
+                except Exception as e:  # a tile the compiler or the SM cannot take
+                    print(f"  {n}x{k} {gl.NAMES[type_id]} rows {rows} {cfg}: {type(e).__name__}: {str(e)[:100]}", flush=True)
+                    continue
+                sweep.append(dict(cfg, us=us, rel_err=err))
+            gl.set_config(None)
+            best = min(sweep, key=lambda s: s["us"])
+            r.update(sweep=sweep, best=best, gguf_us=best["us"], gguf_tbps=nbytes / best["us"] / 1e6,
+                     speedup_vs_bf16=r["bf16_cublas_us"] / best["us"])
+            results.append(r)
+            print(f"{n:>6}x{k:<6} {gl.NAMES[type_id]:5} rows {rows}: bf16 {r['bf16_cublas_us']:6.1f} us | "
+                  f"gguf {best['us']:6.1f} us ({r['gguf_tbps']:.2f} TB/s of blocks, {r['speedup_vs_bf16']:.2f}x, "
+                  f"rel err {best['rel_err']:.1e}) tile {best}", flush=True)
+        del packs, bfs, w, blocks
+        torch.cuda.empty_cache()
+    with open(out_path, "w") as f:
+        json.dump(header({"rows": results}), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
