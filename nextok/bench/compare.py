@@ -2,9 +2,11 @@
 
 Both servers run on this machine at once (an idle server takes no CPU), with the same thread
 count and the same number of parallel slots (nextok --max-num-seqs = llama-server -np). Each
-workload runs against nextok, then llama.cpp, and this repeats for `--pairs` pairs: these shared
-machines have slow periods of 20-50 %, and a ratio of two runs a minute apart survives them where
-two separate tables would not. During every run the CPU time of other processes (the machine's
+workload runs against nextok, then llama.cpp, and this repeats for `--pairs` pairs, the order
+turned around in every other pair (A B, B A, A B, ...): these shared machines have slow periods of
+20-50 %, and a ratio of two runs a minute apart survives them where two separate tables would not.
+The turn cancels what the position in a pair costs: two identical nextok servers, always in the
+same order, read 0.97x (0.94-0.98) at c=32 (2026-12-05). During every run the CPU time of other processes (the machine's
 busy time minus the server under test and this client) and the hypervisor's steal time are
 recorded. The table gives, per figure, each server's median over its runs and the median of the
 per-pair ratios nextok / llama.cpp (with their range).
@@ -204,7 +206,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         for pair in range(args.pairs):
             for w in workloads:
                 requests = requests_of(w, pair)
-                for s, other in ((mine, peer), (peer, mine)):
+                order = ((mine, peer), (peer, mine))
+                for s, other in (order if pair % 2 == 0 else order[::-1]):
                     t = time.monotonic()
                     run = _measure(s, other, w, requests, args.seed, args.time_limit)
                     run["pair"] = pair
