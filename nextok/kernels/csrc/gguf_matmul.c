@@ -147,30 +147,51 @@ static inline void dequant_block(const uint8_t *b, int type, v8 out[4]) {
 }
 #endif
 
-static inline v8 dot4(const float *xp, const v8 w[4]) {
-    return (*(const v8 *)xp * w[0] + *(const v8 *)(xp + 8) * w[1])
-         + (*(const v8 *)(xp + 16) * w[2] + *(const v8 *)(xp + 24) * w[3]);
+/* acc + a * b, one fused multiply-add (rounded once) wherever the compiler has FMA. */
+static inline v8 fma8(v8 a, v8 b, v8 acc) {
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 ra, rb, rc;
+    memcpy(&ra, &a, 32); memcpy(&rb, &b, 32); memcpy(&rc, &acc, 32);
+    rc = _mm256_fmadd_ps(ra, rb, rc);
+    memcpy(&acc, &rc, 32);
+    return acc;
+#else
+    return acc + a * b;
+#endif
 }
 
 /* Output rows [lo, hi) for M rows of x, M a compile-time constant at each call site below: the
  * accumulators then live in registers. (With a runtime M gcc kept acc[] on the stack, and every
  * block waited on a store-to-load round trip.) Factoring Q4_1 as d * (q . x) + m * sum(x) saved
- * nothing at one row and cost 2x at eight (register pressure), so blocks are dequantized whole. */
+ * nothing at one row and cost 2x at eight (register pressure), so blocks are dequantized whole.
+ * Each row of x has two accumulators, one for a block's first 16 weights and one for its last
+ * 16, and every product goes into one with an FMA: 4 vector ops per block and row, where a sum
+ * of products added to one accumulator took 6 (2 mul, 2 fma, 2 add). Several rows (verify steps,
+ * batches) are bound by those ops: all the default model's matrices at 8 rows 28.0 -> see
+ * gguf_matmul.c's commit. One row is bound by reading the blocks, and two chains of two FMAs a
+ * block keep up with that. The sum's order is the same for every M, so a row's result does not
+ * depend on the rows beside it (batched == alone, speculation on == off). */
 static inline __attribute__((always_inline)) void rows_dot(
         const float *x, int k, const uint8_t *w, int type, int block_bytes, int n, float *y,
         int lo, int hi, const int M) {
     const int nb = k / 32;
     for (int row = lo; row < hi; row++) {
         const uint8_t *blocks = w + (size_t)row * nb * block_bytes;
-        v8 acc[MAX_ROWS];
-        for (int i = 0; i < M; i++) acc[i] = (v8){0};
+        v8 acc0[MAX_ROWS], acc1[MAX_ROWS];
+        for (int i = 0; i < M; i++) acc0[i] = acc1[i] = (v8){0};
         for (int b = 0; b < nb; b++) {
             v8 wv[4];
             __builtin_prefetch(blocks + (size_t)(b + PREFETCH_BLOCKS) * block_bytes, 0, 0);
             dequant_block(blocks + (size_t)b * block_bytes, type, wv);
-            for (int i = 0; i < M; i++) acc[i] += dot4(x + (size_t)i * k + b * 32, wv);
+            for (int i = 0; i < M; i++) {
+                const float *xp = x + (size_t)i * k + b * 32;
+                acc0[i] = fma8(*(const v8 *)xp, wv[0], acc0[i]);
+                acc1[i] = fma8(*(const v8 *)(xp + 16), wv[2], acc1[i]);
+                acc0[i] = fma8(*(const v8 *)(xp + 8), wv[1], acc0[i]);
+                acc1[i] = fma8(*(const v8 *)(xp + 24), wv[3], acc1[i]);
+            }
         }
-        for (int i = 0; i < M; i++) y[(size_t)i * n + row] = hsum(acc[i]);
+        for (int i = 0; i < M; i++) y[(size_t)i * n + row] = hsum(acc0[i] + acc1[i]);
     }
 }
 
