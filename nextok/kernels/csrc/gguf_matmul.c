@@ -241,6 +241,15 @@ static inline __attribute__((always_inline)) void rows_dot16(
 #define ROWS_DOT rows_dot
 #endif
 
+/* The block type as a compile-time constant for the default model's two (Q4_1, Q8_0): the
+ * per-block type tests of dequant (block_u8, block_min) then fold away; all the default model's
+ * matrices at 1 row 10.8 -> 9.9 ms (2-core Xeon, 2026-12-05). */
+#define ROWS_DOT_TYPED(M) do {                                                               \
+        if (type == Q4_1) ROWS_DOT(x, k, w, Q4_1, block_bytes, n, y, lo, hi, M);              \
+        else if (type == Q8_0) ROWS_DOT(x, k, w, Q8_0, block_bytes, n, y, lo, hi, M);         \
+        else ROWS_DOT(x, k, w, type, block_bytes, n, y, lo, hi, M);                           \
+    } while (0)
+
 /* Returns 0, or 1 for an unsupported type, K not a multiple of 32, or M outside 1..8. */
 int gguf_matmul_f32(const float *x, int m_rows, int k, const uint8_t *w, int type, int n,
                     float *y, int num_threads) {
@@ -252,14 +261,14 @@ int gguf_matmul_f32(const float *x, int m_rows, int k, const uint8_t *w, int typ
         const int nt = omp_get_num_threads(), t = omp_get_thread_num();
         const int lo = (int)((long)n * t / nt), hi = (int)((long)n * (t + 1) / nt);
         switch (m_rows) {
-        case 1: ROWS_DOT(x, k, w, type, block_bytes, n, y, lo, hi, 1); break;
-        case 2: ROWS_DOT(x, k, w, type, block_bytes, n, y, lo, hi, 2); break;
-        case 3: ROWS_DOT(x, k, w, type, block_bytes, n, y, lo, hi, 3); break;
-        case 4: ROWS_DOT(x, k, w, type, block_bytes, n, y, lo, hi, 4); break;
-        case 5: ROWS_DOT(x, k, w, type, block_bytes, n, y, lo, hi, 5); break;
-        case 6: ROWS_DOT(x, k, w, type, block_bytes, n, y, lo, hi, 6); break;
-        case 7: ROWS_DOT(x, k, w, type, block_bytes, n, y, lo, hi, 7); break;
-        default: ROWS_DOT(x, k, w, type, block_bytes, n, y, lo, hi, 8); break;
+        case 1: ROWS_DOT_TYPED(1); break;
+        case 2: ROWS_DOT_TYPED(2); break;
+        case 3: ROWS_DOT_TYPED(3); break;
+        case 4: ROWS_DOT_TYPED(4); break;
+        case 5: ROWS_DOT_TYPED(5); break;
+        case 6: ROWS_DOT_TYPED(6); break;
+        case 7: ROWS_DOT_TYPED(7); break;
+        default: ROWS_DOT_TYPED(8); break;
         }
     }
     return 0;
