@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from nextok.worker.sampler import Sampler, SamplingMetadata
+from nextok.worker.sampler import Sampler, SamplingMetadata, argmax_rows
 
 
 def verify_drafts(logits: torch.Tensor, items: list, generators: list, sampler: Sampler
@@ -32,7 +32,7 @@ def verify_drafts(logits: torch.Tensor, items: list, generators: list, sampler: 
     meta = SamplingMetadata.build(params, None, None, [None] * len(params), [[]] * len(params),
                                   logits.shape[-1], logits.device)
     logits = sampler.apply_penalties(logits.float(), meta)  # logit_bias (no history here)
-    greedy_tokens = logits.argmax(dim=-1).tolist()
+    greedy_tokens = argmax_rows(logits).tolist()
     probs = None
     if not meta.all_greedy:
         temp = meta.temperature.unsqueeze(1)

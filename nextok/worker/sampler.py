@@ -119,6 +119,15 @@ class SamplingMetadata:
             generators=list(generators), max_logprobs=max(lp) if lp else None)
 
 
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits [S, V] -> [S] int64, the first maximum of each row (torch's argmax). On the CPU
+    through numpy, whose argmax is vectorized: a 49k vocabulary row takes ~3 us there against
+    ~60 us in torch's, which every greedy step and each row of a verify step pays."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return torch.from_numpy(logits.detach().numpy().argmax(axis=-1))
+    return logits.argmax(dim=-1)
+
+
 def _tensor(values: list, dtype=torch.long, device="cpu") -> torch.Tensor:
     """torch.tensor(values) on `device`; to a GPU by an asynchronous copy from pinned memory
     (a pageable copy would first wait for all queued GPU work)."""
@@ -151,7 +160,7 @@ class Sampler:
         raw_logprobs = torch.log_softmax(logits, dim=-1) if meta.max_logprobs is not None else None
         logits = self.apply_penalties(logits, meta)
         if meta.all_greedy:
-            sampled = logits.argmax(dim=-1)
+            sampled = argmax_rows(logits)
         else:
             sampled = self.sample(logits, meta)
         out = SamplerOutput(sampled=sampled)
@@ -180,7 +189,7 @@ class Sampler:
         return logits
 
     def sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        greedy_tokens = None if meta.all_random else logits.argmax(dim=-1)
+        greedy_tokens = None if meta.all_random else argmax_rows(logits)
         logits = logits / meta.temperature.unsqueeze(1)
         logits = self.truncate(logits, meta)
         probs = torch.softmax(logits, dim=-1)  # [S, V]

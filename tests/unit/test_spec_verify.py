@@ -138,3 +138,13 @@ def test_ngram_draft_length_follows_the_match_length():
 def test_ngram_draft_continues_a_loop_past_the_end():
     # period 3, matched over 4 tokens: k tokens of the loop, not only the 2 left before the end
     assert NgramProposer(1, 8).propose([5, 6, 7, 5, 6, 7, 5], 7) == [6, 7, 5, 6, 7, 5, 6]
+
+
+def test_ngram_takes_a_never_seen_token_for_a_substitution():
+    p = NgramProposer(1, 8)
+    # "1 2 3" occurred followed by 4 5 6; now "1 2 3" is followed by 9, never seen: 9 replaced 4,
+    # so what followed 4 comes next (at most SUB_DRAFT_CAP = 2 tokens)
+    assert p.propose([1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 9], 7) == [5, 6]
+    assert p.propose([1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 9], 1) == [5]  # never more than k
+    assert p.propose([8, 2, 3, 4, 5, 6, 0, 1, 2, 3, 9], 7) == []  # only "2 3" before it: too short
+    assert p.propose([9, 1, 2, 3, 4], 7) == []  # a never-seen token with nothing before it

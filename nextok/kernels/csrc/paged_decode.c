@@ -148,10 +148,89 @@ static int decode_groups(group_fn group, int elem, const void *q, const void *k_
     return failed ? -1 : 0;
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* one_group for float32 on 16-wide registers, D = 16 * C and G heads a KV head, both compile-time
+ * constants (the call sites below): the G queries and the G output rows stay in registers for the
+ * whole pass over the keys, so each K and V row is loaded once for all G heads, a score is C
+ * FMAs and one reduction, and a value row C FMAs a head, with no load and store of the output
+ * per key (one_group's axpy). A verify step's rows each run this, so it is most of what a draft
+ * row adds to attention. The softmax is one_group's (exp_sub_sum), in the same order. */
+static inline __attribute__((always_inline)) void one_group_512(
+        const float *q, const float *k_cache, const float *v_cache, const int64_t *table,
+        int64_t len, float *out, float *scores, int H, int KVH, int kvh, int bs, float scale,
+        int window, const int G, const int C) {
+    const int D = 16 * C, h0 = kvh * G;
+    const int64_t start = (window > 0 && len > window) ? len - window : 0;
+    const int64_t n = len - start;
+    const int64_t row = (int64_t)KVH * D;
+    __m512 qv[16], acc[16];
+    float maxs[16];
+    for (int g = 0; g < G; g++) {
+        maxs[g] = -INFINITY;
+        for (int c = 0; c < C; c++) qv[g * C + c] = _mm512_loadu_ps(q + (int64_t)(h0 + g) * D + 16 * c);
+    }
+    for (int64_t t = start; t < len; t++) {
+        const float *k = k_cache + (table[t / bs] * bs + t % bs) * row + (int64_t)kvh * D;
+        __m512 kv[8];
+        for (int c = 0; c < C; c++) kv[c] = _mm512_loadu_ps(k + 16 * c);
+        for (int g = 0; g < G; g++) {
+            __m512 a = _mm512_mul_ps(qv[g * C], kv[0]);
+            for (int c = 1; c < C; c++) a = _mm512_fmadd_ps(qv[g * C + c], kv[c], a);
+            const float sc = _mm512_reduce_add_ps(a) * scale;
+            scores[g * n + (t - start)] = sc;
+            if (sc > maxs[g]) maxs[g] = sc;
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        float *sg = scores + g * n;
+        const float inv = 1.f / exp_sub_sum(sg, n, maxs[g]);
+        for (int64_t i = 0; i < n; i++) sg[i] *= inv;
+    }
+    for (int i = 0; i < G * C; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t t = start; t < len; t++) {
+        const float *v = v_cache + (table[t / bs] * bs + t % bs) * row + (int64_t)kvh * D;
+        __m512 vv[8];
+        for (int c = 0; c < C; c++) vv[c] = _mm512_loadu_ps(v + 16 * c);
+        for (int g = 0; g < G; g++) {
+            const __m512 p = _mm512_set1_ps(scores[g * n + (t - start)]);
+            for (int c = 0; c < C; c++) acc[g * C + c] = _mm512_fmadd_ps(p, vv[c], acc[g * C + c]);
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < C; c++) _mm512_storeu_ps(out + (int64_t)(h0 + g) * D + 16 * c, acc[g * C + c]);
+}
+
+/* The (G, D) pairs with a register kernel: G * D / 16 <= 16 (queries and outputs, 32 registers). */
+static int group_512(const float *q, const float *k, const float *v, const int64_t *table,
+                     int64_t len, float *out, float *scores, int H, int KVH, int kvh, int D,
+                     int bs, float scale, int window) {
+#define G512(g, c) one_group_512(q, k, v, table, len, out, scores, H, KVH, kvh, bs, scale, window, g, c)
+    switch (H / KVH * 1000 + D) {
+    case 1064: G512(1, 4); return 1;
+    case 2064: G512(2, 4); return 1;
+    case 3064: G512(3, 4); return 1;
+    case 4064: G512(4, 4); return 1;
+    case 1128: G512(1, 8); return 1;
+    case 2128: G512(2, 8); return 1;
+    default: return 0;
+    }
+#undef G512
+}
+#else
+static int group_512(const float *q, const float *k, const float *v, const int64_t *table,
+                     int64_t len, float *out, float *scores, int H, int KVH, int kvh, int D,
+                     int bs, float scale, int window) {
+    return 0;
+}
+#endif
+
 static void group_f32(const void *q, const void *k, const void *v, const int64_t *table,
                       int64_t len, void *out, float *scores, int H, int KVH, int kvh, int D,
                       int bs, float scale, int window) {
-    one_group(q, k, v, table, len, out, scores, H, KVH, kvh, D, bs, scale, window);
+    if (!group_512(q, k, v, table, len, out, scores, H, KVH, kvh, D, bs, scale, window))
+        one_group(q, k, v, table, len, out, scores, H, KVH, kvh, D, bs, scale, window);
 }
 
 int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
