@@ -132,7 +132,8 @@ async def _stream(c: httpx.AsyncClient, started: asyncio.Event, i: int, out: dic
                     return
                 if line.startswith("data:"):
                     out["events"] += 1
-                    if '"error"' in line:
+                    # an error event's top-level key (a completion's own text may be "error")
+                    if "error" in json.loads(line[len("data:"):]):
                         out["outcome"] = "error: event"
                         return
                     if out["events"] >= 2:

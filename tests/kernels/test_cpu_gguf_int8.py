@@ -170,3 +170,31 @@ def test_restricted_builds_of_every_type(name, tmp_path):
             y = torch.empty(rows, n)
             assert fn(x.data_ptr(), rows, k, w.data_ptr(), type_id, n, y.data_ptr(), 2) == 0
             assert_matches_reference(y, any_type_reference(x, blocks, type_id, n, k))
+
+
+@pytest.mark.parametrize("name", list(RESTRICTED))
+def test_restricted_builds_of_the_float32_kernels(name, tmp_path):
+    """The float32 kernels' AVX2 (8-wide) and portable code, which an AVX-512 machine never runs
+    natively: the loader's exact weights (one-hot rows), and a row independent of the others."""
+    libs = {"gguf_matmul": build_restricted(name, tmp_path),
+            "gguf_unpacked": build_restricted(name, tmp_path, "gguf_unpacked")}
+    for type_id in ALL_TYPES:
+        source = BLOCK_TYPES[type_id][2]
+        fn = getattr(libs[source], "gguf_matmul_f32" if source == "gguf_matmul" else "gguf_kq_matmul_f32")
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+        n, k = 19, 512
+        blocks = random_blocks(type_id, n, k, seed=type_id)
+        w = torch.from_numpy(blocks.copy())
+
+        def run(x):
+            y = torch.empty(x.shape[0], n)
+            assert fn(x.data_ptr(), x.shape[0], k, w.data_ptr(), type_id, n, y.data_ptr(), 2) == 0
+            return y
+
+        eye = torch.eye(k)
+        got = torch.cat([run(eye[i:i + 8].contiguous()) for i in range(0, k, 8)])
+        assert torch.equal(got, dequantized(blocks, type_id, n, k).T.contiguous()), type_id
+        x = torch.randn(7, k, generator=torch.Generator().manual_seed(type_id))
+        y = run(x)
+        assert all(torch.equal(run(x[i:i + 1].contiguous()), y[i:i + 1]) for i in range(7)), type_id
