@@ -5,7 +5,9 @@ Owns the model, the paged KV pool and the per-sequence sampling generators. Only
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+
 import torch
 
 from nextok.attention.base import AttentionMetadata, PrefillChunk
@@ -21,6 +23,18 @@ log = logging.getLogger("nextok")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """torch's default dtype set to `dtype` inside, restored after (the caller's thread alone
+    builds tensors meanwhile: model construction at start-up)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, weights, max_model_len: int, blocks=None):
         """weights: (name, tensor) iterator, None for dummy weights; blocks: a checkpoint's
@@ -34,9 +48,11 @@ class ModelRunner:
         self.backend = self._make_backend()
         self.graphs = None  # a CudaGraphRunner once the KV pool exists (CUDA, triton, not eager)
         cls = model_class(mc.architecture)
-        with torch.device(self.device):
+        # Parameters are made on the device in the model's dtype: made in float32 first, a bf16
+        # model needed twice its own memory at load (an 8B model 32 GB, not 16).
+        with torch.device(self.device), default_dtype(self.dtype):
             model = cls(mc, self.backend, max_positions=max_model_len)
-        model.to(self.dtype)
+        model.to(self.dtype)  # what a module made in float32 on purpose (none today)
         if weights is None:
             model.init_dummy_weights(config.seed)
         else:
