@@ -133,9 +133,20 @@ def _time_generate(llm, prompts, max_tokens: int, device) -> float:
 
 
 def _step_times(llm, prompts, b: int, new: int, device) -> dict:
-    prefill = _time_generate(llm, prompts(b), 1, device)
-    full = _time_generate(llm, prompts(b), 1 + new, device)
-    return {"prefill_ms": prefill * 1e3, "decode_step_ms": (full - prefill) / new * 1e3}
+    """One run of b prompts, 1 + new tokens each, timed by the engine's own stamps: prefill up to
+    the batch's last first token, then `new` decode steps to the last finish. (The difference of
+    a prefill-only run and a full run, as before, went negative when a slow moment of a shared
+    machine hit the first.)"""
+    from nextok import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=1 + new, ignore_eos=True)
+    _sync(device)
+    start = time.monotonic()  # the clock of the engine's stamps
+    outs = llm.generate(prompts(b), params)
+    _sync(device)
+    first = max(o.metrics["first_token"] for o in outs)
+    last = max(o.metrics["finished"] for o in outs)
+    return {"prefill_ms": (first - start) * 1e3, "decode_step_ms": (last - first) / new * 1e3}
 
 
 @torch.inference_mode()
