@@ -1,7 +1,11 @@
-"""Maps a checkpoint's `architectures` entry to the class that runs it (imported lazily)."""
+"""Maps a checkpoint's `architectures` entry to the class that runs it (imported lazily), and the
+dtype context the model is built in."""
 from __future__ import annotations
 
+import contextlib
 import importlib
+
+import torch
 
 from nextok.errors import ModelLoadError
 
@@ -26,3 +30,15 @@ def model_class(architecture: str):
             f"{', '.join(supported_architectures())}")
     module, cls = target.split(":")
     return getattr(importlib.import_module(module), cls)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """torch's default dtype set to `dtype` inside, restored after (the caller's thread alone
+    builds tensors meanwhile: model construction at start-up)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)

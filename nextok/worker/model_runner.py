@@ -5,7 +5,6 @@ Owns the model, the paged KV pool and the per-sequence sampling generators. Only
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import torch
@@ -15,24 +14,12 @@ from nextok.attention.torch_ref import TorchRefBackend, decode_mask
 from nextok.config import EngineConfig
 from nextok.engine.scheduler import ScheduledSeq, SchedulerOutput
 from nextok.engine.sequence import PENDING
-from nextok.model.registry import model_class
+from nextok.model.registry import default_dtype, model_class
 from nextok.worker.sampler import Sampler, SamplingMetadata
 from nextok.worker.step_output import LastHidden, LaunchedStep, ModelOutput, SeqLogprobs
 
 log = logging.getLogger("nextok")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype):
-    """torch's default dtype set to `dtype` inside, restored after (the caller's thread alone
-    builds tensors meanwhile: model construction at start-up)."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 class ModelRunner:

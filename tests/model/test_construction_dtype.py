@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from nextok import LLM
-from nextok.worker.model_runner import default_dtype
+from nextok.model.registry import default_dtype
 
 
 def test_parameters_are_made_in_the_models_dtype(model_path, monkeypatch):
