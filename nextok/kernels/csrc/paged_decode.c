@@ -79,6 +79,15 @@ static float exp_sub_sum(float *s, int64_t n, float m) {
     return sum;
 }
 
+
+/* scores [G, n] -> each row's softmax in place, maxs [G] its largest score. */
+static void softmax_rows(float *scores, const float *maxs, int G, int64_t n) {
+    for (int g = 0; g < G; g++) {
+        float *sg = scores + g * n;
+        const float inv = 1.f / exp_sub_sum(sg, n, maxs[g]);
+        for (int64_t i = 0; i < n; i++) sg[i] *= inv;
+    }
+}
 /* One sequence, the G query heads that share KV head `kvh`: each token's K and V rows are read
  * once, front to back, so the hardware prefetcher streams whole 16-token blocks.
  * q, out: the sequence's [H, D]; scores: scratch of G * len floats. */
@@ -99,11 +108,7 @@ static void one_group(const float *q, const float *k_cache, const float *v_cache
             if (sc > maxs[g]) maxs[g] = sc;
         }
     }
-    for (int g = 0; g < G; g++) {
-        float *sg = scores + g * n;
-        const float inv = 1.f / exp_sub_sum(sg, n, maxs[g]);
-        for (int64_t i = 0; i < n; i++) sg[i] *= inv;
-    }
+    softmax_rows(scores, maxs, G, n);
     memset(out + (int64_t)h0 * D, 0, sizeof(float) * (size_t)G * D);
     for (int64_t t = start; t < len; t++) {
         const float *v = v_cache + (table[t / bs] * bs + t % bs) * row + (int64_t)kvh * D;
@@ -183,11 +188,7 @@ static inline __attribute__((always_inline)) void one_group_512(
             if (sc > maxs[g]) maxs[g] = sc;
         }
     }
-    for (int g = 0; g < G; g++) {
-        float *sg = scores + g * n;
-        const float inv = 1.f / exp_sub_sum(sg, n, maxs[g]);
-        for (int64_t i = 0; i < n; i++) sg[i] *= inv;
-    }
+    softmax_rows(scores, maxs, G, n);
     for (int i = 0; i < G * C; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t t = start; t < len; t++) {
         const float *v = v_cache + (table[t / bs] * bs + t % bs) * row + (int64_t)kvh * D;
@@ -270,11 +271,7 @@ static void one_group_bf16(const uint16_t *q, const uint16_t *k_cache, const uin
             if (sc > maxs[g]) maxs[g] = sc;
         }
     }
-    for (int g = 0; g < G; g++) {
-        float *sg = scores + g * n;
-        const float inv = 1.f / exp_sub_sum(sg, n, maxs[g]);
-        for (int64_t i = 0; i < n; i++) sg[i] *= inv;
-    }
+    softmax_rows(scores, maxs, G, n);
     memset(acc, 0, sizeof(float) * (size_t)G * D);
     for (int64_t t = start; t < len; t++) {
         widen(v_cache + (table[t / bs] * bs + t % bs) * row + (int64_t)kvh * D, kv, D);
