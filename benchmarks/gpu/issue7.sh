@@ -17,6 +17,8 @@ TOK=.gpucarry/smollm2-135m
 L8B=benchmarks/configs/llama-3.1-8b
 DUMMY="--load-format dummy --tokenizer $TOK --dtype bfloat16 --max-model-len 4096"
 step() { echo "=== $* ($(date -u +%T))"; }
+mkdir -p /tmp/model  # a part of the default GGUF carried for issue8.sh model (see there)
+for p in a b c; do [ -f .gpucarry/gguf_$p/part ] && cp .gpucarry/gguf_$p/part /tmp/model/part_$p; done
 step environment
 { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
   python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)'
@@ -66,7 +68,7 @@ fp8-kv)
             --output "$OUT/throughput-llama-8b-$q.json" 2>&1 | grep -v "it/s\]" | tail -6
     done
     step KV capacity: 4k-token sequences per cache dtype, one budget
-    for kind in auto int8 fp8; do
+    for kind in ${KV_KINDS-auto int8 fp8}; do
         timeout ${T_KV:-100} python3 benchmarks/gpu/kv_capacity.py $L8B $TOK "$OUT/kv-capacity-$kind.json" $kind \
             2>&1 | grep -v Warning | tail -2
     done

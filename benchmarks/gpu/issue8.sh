@@ -7,8 +7,9 @@
 #   bash benchmarks/gpu/issue8.sh model   the default model in bf16: off vs ngram, self-draft and
 #                                         medusa (heads trained there first by nextok train
 #                                         medusa), on code / edit / random
-# The default GGUF travels in two halves (a call carries <= 64 MiB): "8b" keeps gguf_a in /tmp,
-# "model" right after it (same warm machine) carries gguf_b and joins them. Both carry
+# The default GGUF travels in three parts (a call carries <= 64 MiB, ~25 of it the tracked files):
+# each call keeps the parts it carries in /tmp/model (gguf_a with "8b", gguf_b with a call between,
+# e.g. issue7.sh, gguf_c with "model", all on the same warm machine) and "model" joins them. Both carry
 # .gpucarry/tok/smollm2-135m.tgz, the tokenizer for the dummy checkpoints packed (the tracked
 # files, half the GGUF and the plain tokenizer pass a call's 64 MiB): benchmarks/gpu/make_carry.sh.
 # Everything written under $OUT comes back.
@@ -28,8 +29,8 @@ step environment
   echo "commit ${NEXTOK_COMMIT:-unknown}"; } | tee "$OUT/env.txt"
 [ -f .gpucarry/tok/smollm2-135m.tgz ] && tar -C .gpucarry -xzf .gpucarry/tok/smollm2-135m.tgz
 mkdir -p /tmp/model
-[ -f .gpucarry/gguf_a/part ] && cp .gpucarry/gguf_a/part /tmp/model/part_a
-[ -f .gpucarry/gguf_b/part ] && [ -f /tmp/model/part_a ] && cat /tmp/model/part_a .gpucarry/gguf_b/part > $M
+for p in a b c; do [ -f .gpucarry/gguf_$p/part ] && cp .gpucarry/gguf_$p/part /tmp/model/part_$p; done
+[ -f /tmp/model/part_c ] && cat /tmp/model/part_{a,b,c} > $M 2>/dev/null
 
 spec() {  # $1: label, then bench spec flags
     local label=$1; shift
