@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu/issue7.sh fp8-kv    offline throughput 1000 x 512 -> 256, bf16 vs fp8 (and fp8
 #                                           with an fp8 KV cache); the
 #                                           4k-token sequences a KV budget holds per cache dtype
-# Reads .gpucarry/smollm2-135m (a tokenizer for the dummy checkpoints: benchmarks/gpu/make_carry.sh).
+# Reads .gpucarry/smollm2-135m or .gpucarry/tok/smollm2-135m.tgz (a tokenizer for the dummy
+# checkpoints: benchmarks/gpu/make_carry.sh).
 # Everything written under $OUT comes back.
 set -u
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -17,6 +18,7 @@ TOK=.gpucarry/smollm2-135m
 L8B=benchmarks/configs/llama-3.1-8b
 DUMMY="--load-format dummy --tokenizer $TOK --dtype bfloat16 --max-model-len 4096"
 step() { echo "=== $* ($(date -u +%T))"; }
+[ -f .gpucarry/tok/smollm2-135m.tgz ] && tar -C .gpucarry -xzf .gpucarry/tok/smollm2-135m.tgz
 mkdir -p /tmp/model  # a part of the default GGUF carried for issue8.sh model (see there)
 for p in a b c; do [ -f .gpucarry/gguf_$p/part ] && cp .gpucarry/gguf_$p/part /tmp/model/part_$p; done
 step environment
@@ -36,7 +38,7 @@ w4a16)
     step kernel tests on CUDA: W4A16, W8A16, FP8, int4
     timeout ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_quant_linear.py \
         tests/quant/test_fp8.py tests/quant/test_int4.py 2>&1 | tail -12 | tee "$OUT/kernel-tests.txt"
-    step W4A16 tile sweep, Llama-3.1-8B layer shapes
+    step W4A16 dp4a tile sweep, Llama-3.1-8B layer shapes
     timeout ${T_PROBE:-240} python3 benchmarks/gpu/w4a16_probe.py "$OUT/w4a16-probe.json" "$OUT/w4a16-table.json" \
         ${PROBE_SHAPES:-6144x4096,4096x4096,28672x4096,4096x14336} 2>&1 | grep -v "^  " | tail -12
     export NEXTOK_W4A16_CONFIGS=$OUT/w4a16-table.json

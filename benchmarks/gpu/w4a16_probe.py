@@ -2,12 +2,14 @@
 
     python3 benchmarks/gpu/w4a16_probe.py OUT.json TABLE.json [SHAPES]
 
-For each shape y = x @ W.T (N x K, groups of 128) and 1 and 8 rows: bf16 through cuBLAS
-(F.linear) and through nextok's Triton GEMV, and the W4A16 kernel at every tile of a grid.
+For each shape y = x @ W.T (N x K, groups of 128) and 1, 4 and 8 rows: bf16 through cuBLAS
+(F.linear) and through nextok's Triton GEMV, and the W4A16 kernel: the dp4a kernel at every
+tile of a grid for 1 row, its 6 best of those for 4 rows; the tl.dot kernel's tuned tile for 8.
 Weights rotate over copies larger than the 50 MB L2, as each layer's do in a real step, and
 each variant is timed as a CUDA graph of 24 calls (a Python launch costs more than a 4-bit
 o_proj reads). Writes every timing to OUT.json and the fastest tile per shape and row class to
-TABLE.json, the format kernels/triton/w4a16.py reads (configs/w4a16_<gpu>.json).
+TABLE.json, the format kernels/triton/w4a16.py reads (configs/w4a16_<gpu>.json; its "16"
+entries, the tl.dot tiles, are kept from the table in the repo).
 SHAPES: comma-separated NxK (default: the Llama-3.1-8B layers and Qwen2.5-Coder-7B's).
 """
 from __future__ import annotations
@@ -29,10 +31,9 @@ from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # 
 
 DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336,4608x3584,3584x3584,37888x3584,3584x18944"
 CALLS = 24
-ONE_ROW = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=ns)
-           for bn, tw, nw, ns in itertools.product((8, 16, 32), (64, 128, 256), (4, 8), (2, 3, 4))]
-DOT = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=ns)
-       for bn, tw, nw, ns in itertools.product((16, 32, 64), (16, 32, 64), (4, 8), (2, 3))]
+DP4A = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp)
+        for bn, tw, nw, sp in itertools.product((32, 64, 128), (16, 32), (4, 8), (1, 2, 4, 8))]
+DP4A += [dict(BLOCK_N=16, TW=32, num_warps=4, num_stages=3, SPLIT=sp) for sp in (1, 2)]
 
 
 def graph_us(fn, copies: int) -> float:
@@ -74,14 +75,21 @@ def main() -> int:
         packed_bytes = words.numel() * 4 + d.numel() * 2 + m.numel() * 2
         ref_w = dequantize_groups(q, d, m)
         del w, q
-        for mrows in (1, 8):
+        best1 = []
+        for mrows in (1, 4, 8):
             x = torch.randn(mrows, k, device=dev, dtype=torch.bfloat16)
             ref = F.linear(x.float(), ref_w)
             r = {"n": n, "k": k, "rows": mrows, "packed_bytes": packed_bytes}
             r["bf16_cublas_us"] = graph_us(lambda i: F.linear(x, bfs[i]), copies)
             r["bf16_gemv_us"] = graph_us(lambda i: gemv(x, bfs[i]), copies)
+            if mrows == 1:
+                grid = DP4A
+            elif mrows <= w4.DP4A_ROWS:
+                grid = best1[:6]
+            else:
+                grid = [None]  # the tl.dot kernel's tile from the repo's table
             sweep = []
-            for cfg in (ONE_ROW if mrows == 1 else DOT):
+            for cfg in grid:
                 w4.set_config(cfg)
                 try:
                     us = graph_us(lambda i: w4.w4a16(x, *packed[i]), copies)
@@ -89,22 +97,29 @@ def main() -> int:
                 except Exception as e:  # a tile the compiler or the SM cannot take
                     print(f"  {n}x{k} rows {mrows} {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                     continue
-                sweep.append(dict(cfg, us=us, max_diff=err))
+                sweep.append(dict(cfg or {}, us=us, max_diff=err))
             w4.set_config(None)
+            if mrows == 1:
+                best1 = [{key: c[key] for key in DP4A[0]} for c in sorted(sweep, key=lambda c: c["us"])]
             best = min(sweep, key=lambda s: s["us"])
             r["sweep"], r["best"] = sweep, best
             r["w4a16_us"] = best["us"]
             r["w4a16_tbps"] = packed_bytes / best["us"] / 1e6
             r["bf16_tbps"] = n * k * 2 / min(r["bf16_cublas_us"], r["bf16_gemv_us"]) / 1e6
             rows.append(r)
-            table.setdefault(f"{n}x{k}", {})["1" if mrows == 1 else "16"] = {
-                key: best[key] for key in ("BLOCK_N", "TW", "num_warps", "num_stages")}
+            if mrows == 1:
+                table.setdefault(f"{n}x{k}", {})["1"] = {key: best[key] for key in DP4A[0]}
             bf_best = min(r["bf16_cublas_us"], r["bf16_gemv_us"])
             print(f"{n:>6}x{k:<6} rows {mrows}: bf16 cuBLAS {r['bf16_cublas_us']:6.1f} us, GEMV "
                   f"{r['bf16_gemv_us']:6.1f} us ({r['bf16_tbps']:.2f} TB/s) | w4a16 {best['us']:6.1f} us "
-                  f"({r['w4a16_tbps']:.2f} TB/s, {bf_best / best['us']:.2f}x) tile {best} ", flush=True)
+                  f"({r['w4a16_tbps']:.2f} TB/s, {bf_best / best['us']:.2f}x) max diff {best['max_diff']:.3g} "
+                  f"tile {({k_: v for k_, v in best.items() if k_ not in ('us', 'max_diff')})}", flush=True)
         del bfs, packed
         torch.cuda.empty_cache()
+    kept = w4._tuned(torch.cuda.get_device_name(dev))  # the repo's table: its tl.dot tiles stay
+    for shape, entry in kept.items():
+        if "16" in entry:
+            table.setdefault(shape, {})["16"] = entry["16"]
     with open(table_path, "w") as f:
         json.dump(table, f, indent=1, sort_keys=True)
     with open(out_path, "w") as f:

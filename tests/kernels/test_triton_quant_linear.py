@@ -3,7 +3,10 @@ dequantize-then-matmul.
 
 On CUDA at Llama-3.1-8B / Qwen2.5 layer shapes; without a GPU in Triton's interpreter on small
 ones. The torch path rounds the dequantized 4-bit weight to x's dtype before the product; the
-one-row kernel multiplies it unrounded (float32), the tl.dot path rounds it as torch does.
+dp4a kernel (1 to DP4A_ROWS rows) multiplies it unrounded, with x in 16-bit fixed point per word
+of 8 columns (scale 2^(E - 13), E the exponent of the word's largest |x|) for the d q part of
+W = d q + m and x itself for the m part: in float32 that, within float32's tolerance. The tl.dot path rounds
+the weight as torch does.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 from nextok.kernels.triton.quant_linear import MAX_ROWS, w8a16  # noqa: E402
-from nextok.kernels.triton.w4a16 import w4a16  # noqa: E402
+from nextok.kernels.triton.w4a16 import DP4A_ROWS, w4a16  # noqa: E402
 from nextok.quant.int4 import (Int4Linear, dequantize_groups, pack_nibbles, pack_words,  # noqa: E402
                                quantize_groups, unpack_nibbles, unpack_words)
 from nextok.quant.int8 import dequantize, quantize_per_channel  # noqa: E402
@@ -23,7 +26,7 @@ CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 SHAPES = ([(6144, 4096, 128), (4096, 14336, 128), (1536, 8960, 64), (28672, 4096, 128), (896, 4864, 32)]
           if CUDA else [(40, 192, 64), (24, 96, 32), (20, 320, 32)])
-ROWS = [1, 5, 16]
+ROWS = [1, 3, 5, 16]
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (4e-3, 4e-3)}
 
 
@@ -32,6 +35,28 @@ def _data(dtype, n, k, rows):
     w = torch.randn(n, k, generator=gen) * k ** -0.5
     x = torch.randn(rows, k, generator=gen).to(DEVICE, dtype)
     return w, x, (torch.randn(n, generator=gen) * 0.1).to(DEVICE, dtype)
+
+
+def _fixed_point(x: torch.Tensor) -> torch.Tensor:
+    """x as the dp4a kernel reads it: per 8 columns, round(x / s) * s with s = 2^(E - 13)."""
+    words = x.float().reshape(x.shape[0], -1, 8)
+    _, e = torch.frexp(words.abs().amax(-1, keepdim=True).clamp_min(1e-30))  # amax = m 2^e, m in [0.5, 1)
+    s = torch.ldexp(torch.ones_like(words), e - 14)
+    return (torch.round(words / s) * s).reshape(x.shape).to(x.dtype)
+
+
+def test_fixed_point_keeps_bfloat16_words_exact():
+    """Elements of a bfloat16 word within 2^6 of its largest are exact; the rest are off by at
+    most half a step, 2^(E - 14)."""
+    x = torch.randn(16, 64).to(torch.bfloat16)
+    x[0, 3] = 1e-4
+    fixed = _fixed_point(x).float().reshape(16, 8, 8)
+    words = x.float().reshape(16, 8, 8)
+    _, e = torch.frexp(words.abs().amax(-1, keepdim=True))
+    big = words.abs() >= torch.ldexp(torch.ones_like(words), e - 7)  # |x| >= 2^(E - 6), E = e - 1
+    assert (~big).any() and big.sum() > big.numel() // 2
+    assert torch.equal(fixed[big], words[big])
+    assert ((fixed - words).abs() <= torch.ldexp(torch.ones_like(words), e - 15)).all()
 
 
 def _close(actual, expected):
@@ -64,11 +89,16 @@ def test_words_round_trip_in_column_order():
 def test_w4a16(dtype, shape, rows):
     n, k, group = shape
     w, x, b = _data(dtype, n, k, rows)
+    x[:, 8:16] = 0  # a word of zeros: its fixed-point scale is of 1e-30
     q, d, m = quantize_groups(w, group)
     deq = dequantize_groups(q, d, m).to(DEVICE, dtype)  # Int4Linear's torch path
     args = (pack_words(q).to(DEVICE), d.to(DEVICE), m.to(DEVICE))
-    _close(w4a16(x, *args, b), torch.nn.functional.linear(x, deq, b))
-    _close(w4a16(x, *args), torch.nn.functional.linear(x, deq))
+    want = torch.nn.functional.linear(x, deq)
+    if rows <= DP4A_ROWS and dtype == torch.float32:
+        dq = dequantize_groups(q, d, torch.zeros_like(m)).to(DEVICE, dtype)
+        want = torch.nn.functional.linear(_fixed_point(x), dq) + torch.nn.functional.linear(x, deq - dq)
+    _close(w4a16(x, *args, b), want + b)
+    _close(w4a16(x, *args), want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -5,29 +5,28 @@ Weight layout (quant/int4.py, Int4Linear): `words` int32 [N, K / 8], word j of a
 8j .. 8j + 7, column 8j + i in bits 4i .. 4i + 3; per row and group of GROUP columns a scale d and
 a min m, float16 [N, K / GROUP]: W = d * q + m.
 
-Why this shape of kernel: at batch 1 an 8B step must stream ~4 GB of nibbles at ~4 TB/s, i.e.
-~8 * 10^12 weights a second, and an H200 SM issues 64 integer and 128 float32 operations per clock:
-two or three instructions per weight at most, and int -> float conversions (16 per clock) are out.
-So each nibble becomes a float by bit tricks: (word & 0xF << s) | 0x4B000000 is the float32
-2^23 + q * 2^s exactly (s = 0, 4, 8, 12: the nibble lands in the mantissa), and subtracting 2^23
-leaves q * 2^s; the 2^-s goes into x, which every row of the tile shares. The upper four nibbles
-take one shift per word first. Per weight: one LOP3, one FADD, one FFMA. The group's d and m
-apply per word: sum_i q_i x_i * d + sum_i x_i * m.
+Why integer dot products for 1-4 rows: at batch 1 an 8B step must stream ~4 GB of nibbles at ~4
+TB/s, 8 * 10^12 weights a second, and an H200 SM issues 128 lane-instructions a clock: a few
+instructions per 8-weight word at most. Turning each nibble into a float costs three (a first
+kernel did that, with x gathered per weight: ~70 SASS instructions a word, 1.2 TB/s measured).
+Instead x is put in 16-bit fixed point per word of 8 columns, x = s (256 hi + lo) with hi a
+signed and lo an unsigned byte, and one `dp4a` multiplies four nibbles by four bytes and adds:
 
-One program: BLOCK_N rows of W, all of K in tiles of GT groups (GT * GROUP / 8 words per row),
-for all M rows of x. One row: partial sums per word on CUDA cores, reduced once at the end (as
-kernels/triton/gemv.py). More rows: each tile dequantized to x's dtype and multiplied with tl.dot
-(the rows padded to 16), one dot per nibble position.
+    we = w & 0x0F0F0F0F, wo = (w >> 4) & 0x0F0F0F0F     columns 0,2,4,6 and 1,3,5,7 as bytes
+    t = 256 (dp4a(we, hi_e) + dp4a(wo, hi_o)) + dp4a(we, lo_e) + dp4a(wo, lo_o) = sum_i q_i x_i / s
+
+and the word adds d s t + m sum_i x_i to its row (11 instructions a word). s is a power of two
+(2^(E - 13), E the exponent of the word's largest |x|), so every element within 2^6 of that
+largest one, all of a bfloat16 word but outliers, is exact; the others are off by at most
+2^(E - 14). The x bytes are made once per tile and program and shared by its BLOCK_N rows of W.
+
+More rows (5-16): each tile dequantized to x's dtype and multiplied with tl.dot (the rows padded
+to 16), one dot per nibble position.
 
 Measured on an H200 (2026-12-04, benchmarks/gpu/w4a16_probe.py; results
-2026-12-04-w4a16-probe-h200-*.json): still far from the bytes' bound. At one row it reads the
-packed bytes at ~1.2 TB/s, only 1.06-1.26x faster than bf16 per 8B layer shape, and the 8B step
-is 3.93 ms against bf16's 4.17 (issue 7 asks 2.5x). Each lane gathers x for every weight it
-holds (no reuse of x across rows within a thread), which costs more instructions than the
-dequantization saves. A tensor-core variant (bfloat16 from nibbles by PTX lop3, tl.dot per
-nibble plane) was slower (6.36 ms): tiles cannot cross a group of 128 columns, and each tile's
-overhead dominated. What is left to try: x reused across rows in registers (split-K with
-many rows per program), or a Marlin-style layout made for the tensor cores' operand order.
+2026-12-04-w4a16-probe-h200-*.json): the float one-row kernel read the packed bytes at ~1.2 TB/s
+and the 8B step took 3.93 ms against bf16's 4.17; a tensor-core variant was slower (6.36 ms).
+The dp4a kernel's numbers: 2026-12-05-w4a16-probe-h200-dp4a.json.
 """
 from __future__ import annotations
 
@@ -44,12 +43,13 @@ from nextok.kernels.triton import pdl
 from nextok.kernels.triton.pdl import pdl_wait
 
 MAX_ROWS = 16
-MAGIC = 8388608.0  # 2^23: float32 0x4B000000
+DP4A_ROWS = 4  # up to this many rows the dp4a kernel (one program per row and tile of W)
 
 
 @triton.jit
 def _nibble(w, hi, i: tl.constexpr):
-    # Column 8j + i of each word, as float32 q * 2^(4 (i % 4)); hi = w >> 16.
+    # Column 8j + i of each word, as float32 q * 2^(4 (i % 4)); hi = w >> 16. The nibble lands
+    # in the mantissa of 2^23 (0x4B000000): one LOP3 and one FADD.
     SHIFT: tl.constexpr = 4 * (i % 4)
     if i < 4:
         src = w
@@ -60,11 +60,10 @@ def _nibble(w, hi, i: tl.constexpr):
 
 
 @triton.jit
-def _w4a16_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, M, N, KW, G, s_xm, s_ym,
-                  WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  PDL: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,
-                  KW_INTERPRET: tl.constexpr):
+def _w4a16_dot_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, M, N, KW, G, s_xm, s_ym,
+                      WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+                      IEEE: tl.constexpr, INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N),). x [M, 8 * KW] unit-stride rows; words [N, KW]; d, m [N, G];
     # y [M, N]. A tile: [BLOCK_N, GT, WPG] words (WPG words per group). KW is a runtime
     # argument; the interpreter cannot loop to one, so there the loop runs to KW_INTERPRET.
@@ -76,56 +75,144 @@ def _w4a16_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, M, N, KW, G, s_xm, s
     n_ok3 = n_ok[:, None, None]
     g3 = tl.arange(0, GT)[None, :, None]
     j3 = tl.arange(0, WPG)[None, None, :]
-    if USE_DOT:
-        rows = tl.arange(0, BLOCK_M)
-        row_ok = rows < M
-        t = tl.arange(0, TW)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    else:
-        acc3 = tl.zeros([BLOCK_N, GT, WPG], dtype=tl.float32)
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    t = tl.arange(0, TW)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for kw0 in range(0, KW_INTERPRET if INTERPRET else KW, TW):
         word = kw0 + g3 * WPG + j3  # [1, GT, WPG]
-        w_ok = word < KW
-        w = tl.load(w_ptr + n3 * KW + word, mask=n_ok3 & w_ok, other=0)  # [BLOCK_N, GT, WPG]
+        w = tl.load(w_ptr + n3 * KW + word, mask=n_ok3 & (word < KW), other=0)  # [BLOCK_N, GT, WPG]
         hi = w >> 16
         grp = kw0 // WPG + g3  # [1, GT, 1]
         g_mask = n_ok3 & (grp < G)
         d = tl.load(d_ptr + n3 * G + grp, mask=g_mask, other=0.0).to(tl.float32)  # [BLOCK_N, GT, 1]
         mn = tl.load(m_ptr + n3 * G + grp, mask=g_mask, other=0.0).to(tl.float32)
-        if USE_DOT:
-            for i in tl.static_range(8):
-                wq = _nibble(w, hi, i) * (d * (1.0 / (1 << (4 * (i % 4))))) + mn  # W at 8 word + i
-                col = (kw0 + t) * 8 + i  # [TW]
-                a = tl.load(x_ptr + rows[:, None] * s_xm + col[None, :],
-                            mask=row_ok[:, None] & (kw0 + t < KW)[None, :], other=0.0)
-                w2 = tl.reshape(wq, [BLOCK_N, TW])
-                if IEEE:  # the interpreter's tl.dot multiplies bfloat16's raw bits
-                    acc += tl.dot(a.to(tl.float32), tl.trans(w2), input_precision="ieee")
-                else:
-                    acc += tl.dot(a, tl.trans(w2.to(a.dtype)))
-        else:
-            part = tl.zeros([BLOCK_N, GT, WPG], dtype=tl.float32)
-            xs = tl.zeros([1, GT, WPG], dtype=tl.float32)
-            for i in tl.static_range(8):
-                xi = tl.load(x_ptr + word * 8 + i, mask=w_ok, other=0.0).to(tl.float32)  # [1, GT, WPG]
-                xs += xi
-                part += _nibble(w, hi, i) * (xi * (1.0 / (1 << (4 * (i % 4)))))
-            acc3 += part * d + xs * mn
-    if not USE_DOT:
-        acc = tl.sum(tl.sum(acc3, axis=2), axis=1)[None, :]  # [1, BLOCK_N]
-        rows = tl.arange(0, 1)
-        row_ok = rows < M
+        for i in tl.static_range(8):
+            wq = _nibble(w, hi, i) * (d * (1.0 / (1 << (4 * (i % 4))))) + mn  # W at 8 word + i
+            col = (kw0 + t) * 8 + i  # [TW]
+            a = tl.load(x_ptr + rows[:, None] * s_xm + col[None, :],
+                        mask=row_ok[:, None] & (kw0 + t < KW)[None, :], other=0.0)
+            w2 = tl.reshape(wq, [BLOCK_N, TW])
+            if IEEE:  # the interpreter's tl.dot multiplies bfloat16's raw bits
+                acc += tl.dot(a.to(tl.float32), tl.trans(w2), input_precision="ieee")
+            else:
+                acc += tl.dot(a, tl.trans(w2.to(a.dtype)))
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * s_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=row_ok[:, None] & n_ok[None, :])
 
 
-INTERPRETED = not isinstance(_w4a16_kernel, JITFunction)
+@triton.jit
+def _dp4a(a, b, c, B_SIGNED: tl.constexpr, INTERPRET: tl.constexpr):
+    # c + sum over the 4 bytes k of a.byte[k] (unsigned) * b.byte[k] (signed or not): one
+    # instruction on the GPU; integer arithmetic in the interpreter, the same result.
+    if INTERPRET:
+        r = c
+        for k in tl.static_range(4):
+            bb = (b >> (8 * k)) & 0xFF
+            if B_SIGNED:
+                bb -= (bb >> 7) << 8
+            r += ((a >> (8 * k)) & 0xFF) * bb
+        return r
+    elif B_SIGNED:
+        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        return tl.inline_asm_elementwise("dp4a.u32.u32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _bytes(v):
+    # [GT, WPG, 4] int32, of which the low bytes count -> [1, GT, WPG] words, element k in byte k
+    k = tl.arange(0, 4)[None, None, :]
+    return tl.sum((v & 0xFF) << (8 * k), axis=2)[None, :, :]
+
+
+@triton.jit
+def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
+                       M, N, KW, G, s_xm, s_ym, WPG: tl.constexpr, GT: tl.constexpr,
+                       SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                       PDL: tl.constexpr, INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr):
+    # Grid (cdiv(N, BLOCK_N) * SPLIT * M,): program p takes row p % M of x, BLOCK_N rows of W
+    # and a SPLIT-th of K (the M programs of one tile of W run side by side, so its bytes come
+    # from DRAM once). x [M, 8 KW]; words [N, KW]; d, m [N, G]; y [M, N]. A tile: [BLOCK_N, GT,
+    # WPG] words, GT whole groups. With SPLIT > 1 each program leaves its float32 sums in
+    # part [SPLIT, M, N] and the last of a tile's SPLIT programs (count [cdiv(N, BLOCK_N), M],
+    # zeros between calls) adds them in split order and writes y.
+    pdl_wait(PDL)
+    TW: tl.constexpr = GT * WPG
+    row = tl.program_id(0) % M
+    split = (tl.program_id(0) // M) % SPLIT
+    tile = tl.program_id(0) // (M * SPLIT)
+    n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    n3 = n[:, None, None]
+    n_ok3 = n_ok[:, None, None]
+    g3 = tl.arange(0, GT)[None, :, None]
+    j3 = tl.arange(0, WPG)[None, None, :]
+    xword = tl.arange(0, GT)[:, None, None] * WPG + tl.arange(0, WPG)[None, :, None]  # [GT, WPG, 1]
+    col = tl.arange(0, 8)[None, None, :]
+    per_split = tl.cdiv(tl.cdiv(KW, SPLIT), TW) * TW
+    kw_lo = split * per_split
+    kw_hi = tl.minimum(kw_lo + per_split, KW)
+    if not INTERPRET:
+        kw_lo = 0  # the loop starts there; masks need only the upper bound
+    acc = tl.zeros([BLOCK_N, GT], dtype=tl.float32)
+    # the interpreter cannot loop between runtime bounds: there every program walks all of K
+    # and masks the words outside its split
+    for kw0 in range(0 if INTERPRET else split * per_split, KW_INTERPRET if INTERPRET else kw_hi, TW):
+        word = kw0 + g3 * WPG + j3  # [1, GT, WPG]
+        w_ok = (word >= kw_lo) & (word < kw_hi)
+        w = tl.load(w_ptr + n3 * KW + word, mask=n_ok3 & w_ok, other=0)  # [BLOCK_N, GT, WPG]
+        # x's tile [GT, WPG, 8] in fixed point per word: x = s (256 hi + lo), s = 2^(E - 13)
+        xw = kw0 + xword
+        x = tl.load(x_ptr + row * s_xm + xw * 8 + col, mask=(xw >= kw_lo) & (xw < kw_hi),
+                    other=0.0).to(tl.float32)
+        amax = tl.maximum(tl.max(tl.abs(x), axis=2), 1e-30)  # [GT, WPG]
+        s = (amax.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True) * (1.0 / 8192.0)
+        # round to nearest: 1.5 * 2^23 + v holds round(v) in its low mantissa bits (|v| < 2^14)
+        xq = (x * (1.0 / s)[:, :, None] + 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000
+        hi_e, hi_o = tl.split(tl.reshape(xq >> 8, [GT, WPG, 4, 2]))  # columns 0,2,4,6 / 1,3,5,7
+        lo_e, lo_o = tl.split(tl.reshape(xq & 0xFF, [GT, WPG, 4, 2]))
+        # W's nibbles as bytes, columns 0,2,4,6 and 1,3,5,7: t = sum_i q_i x_i / s per word
+        we = w & 0x0F0F0F0F
+        wo = (w >> 4) & 0x0F0F0F0F
+        t = _dp4a(we, _bytes(hi_e), tl.zeros_like(w), True, INTERPRET)
+        t = _dp4a(wo, _bytes(hi_o), t, True, INTERPRET) << 8
+        t = _dp4a(we, _bytes(lo_e), t, False, INTERPRET)
+        t = _dp4a(wo, _bytes(lo_o), t, False, INTERPRET)
+        grp = kw0 // WPG + tl.arange(0, GT)[None, :]  # [1, GT]
+        g_mask = n_ok[:, None] & (grp * WPG >= kw_lo) & (grp * WPG < kw_hi)
+        d = tl.load(d_ptr + n[:, None] * G + grp, mask=g_mask, other=0.0).to(tl.float32)  # [BLOCK_N, GT]
+        mn = tl.load(m_ptr + n[:, None] * G + grp, mask=g_mask, other=0.0).to(tl.float32)
+        xsum = tl.sum(tl.sum(x, axis=2), axis=1)  # [GT]
+        acc += tl.sum(t.to(tl.float32) * s[None, :, :], axis=2) * d + mn * xsum[None, :]
+    out = tl.sum(acc, axis=1)  # [BLOCK_N]
+    if SPLIT > 1:
+        tl.store(part_ptr + (split * M + row) * N + n, out, mask=n_ok)
+        tl.debug_barrier()  # every lane's sums stored before the count says so
+        done = tl.atomic_add(count_ptr + tile * M + row, 1, sem="acq_rel", scope="gpu")
+        if done == SPLIT - 1:
+            out = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for k in tl.static_range(SPLIT):  # .cg: from L2, not a stale L1 line of a past call
+                out += tl.load(part_ptr + (k * M + row) * N + n, mask=n_ok, other=0.0, cache_modifier=".cg")
+            tl.store(count_ptr + tile * M + row, 0)
+            if HAS_BIAS:
+                out += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+            tl.store(y_ptr + row * s_ym + n, out.to(y_ptr.dtype.element_ty), mask=n_ok)
+    else:
+        if HAS_BIAS:
+            out += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * s_ym + n, out.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+INTERPRETED = not isinstance(_w4a16_dot_kernel, JITFunction)
 _OVERRIDE: dict | None = None  # benchmarks/gpu/w4a16_probe.py sets tiles to sweep them
 # Tuned tiles per GPU: {"<N>x<K>": {"1": tile, "16": tile}} (tile: BLOCK_N, TW words per row per
-# tile, num_warps, num_stages; "1": one row, "16": the tl.dot path), written by
-# benchmarks/gpu/w4a16_probe.py. NEXTOK_W4A16_CONFIGS names another table (the probe's own run).
+# tile, num_warps, num_stages; "1": the dp4a kernel, 1 to DP4A_ROWS rows, "16": the tl.dot one),
+# written by benchmarks/gpu/w4a16_probe.py. NEXTOK_W4A16_CONFIGS names another table.
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 
 
@@ -144,26 +231,40 @@ def _tuned(device_name: str) -> dict:
         return json.load(f)
 
 
-def _tile(tile: dict, m: int, wpg: int) -> dict:
-    return dict(USE_DOT=m > 1, BLOCK_M=1 if m == 1 else 16, BLOCK_N=tile["BLOCK_N"],
-                GT=max(1, tile["TW"] // wpg), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+def _tile(tile: dict, dot: bool, wpg: int) -> dict:
+    extra = dict(BLOCK_M=16) if dot else dict(SPLIT=tile.get("SPLIT", 1))
+    return dict(BLOCK_N=tile["BLOCK_N"], GT=max(1, tile["TW"] // wpg), num_warps=tile["num_warps"],
+                num_stages=tile["num_stages"], **extra)
+
+
+_SCRATCH: dict = {}  # device -> (part float32, count int32), grown as needed
+_OUTGROWN: list = []  # buffers replaced by bigger ones: a captured CUDA graph may still use them
+
+
+def _scratch(device: torch.device, parts: int, counts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-K kernel's float32 partial sums and its per-tile counts (zeros; each call leaves
+    them zero), shared by every call on the device: calls on one stream run one after another."""
+    part, count = _SCRATCH.get(device, (None, None))
+    if part is None or part.numel() < parts or count.numel() < counts:
+        if part is not None:
+            _OUTGROWN.append((part, count))
+        part = torch.empty(max(parts, 1 << 20), dtype=torch.float32, device=device)
+        count = torch.zeros(max(counts, 1 << 14), dtype=torch.int32, device=device)
+        _SCRATCH[device] = (part, count)
+    return part, count
 
 
 def _config(m: int, n: int, k: int, group: int, device: torch.device) -> dict:
-    """Tiles: tuned per shape where the GPU has a table (configs/), else a default that did well
-    across the Llama-3.1-8B shapes on an H200."""
-    wpg = group // 8
+    """Tiles: tuned per shape where the GPU has a table (configs/), else a default."""
+    wpg, dot = group // 8, m > DP4A_ROWS
     if device.type != "cuda":  # the interpreter: small tiles
-        return dict(USE_DOT=m > 1, BLOCK_M=1 if m == 1 else 16, BLOCK_N=16, GT=max(1, 8 // wpg),
-                    num_warps=4, num_stages=1)
+        return _tile(dict(BLOCK_N=16, TW=max(wpg, 8), num_warps=4, num_stages=1, SPLIT=2), dot, wpg)
     if _OVERRIDE is not None:
-        return _tile(_OVERRIDE, m, wpg)
-    tuned = _tuned(torch.cuda.get_device_name(device)).get(f"{n}x{k}", {}).get("1" if m == 1 else "16")
+        return _tile(_OVERRIDE, dot, wpg)
+    tuned = _tuned(torch.cuda.get_device_name(device)).get(f"{n}x{k}", {}).get("16" if dot else "1")
     if tuned:
-        return _tile(tuned, m, wpg)
-    if m == 1:
-        return _tile(dict(BLOCK_N=16, TW=128, num_warps=4, num_stages=3), m, wpg)
-    return _tile(dict(BLOCK_N=32, TW=32, num_warps=4, num_stages=3), m, wpg)
+        return _tile(tuned, dot, wpg)
+    return _tile(dict(BLOCK_N=32, TW=32, num_warps=4, num_stages=3), dot, wpg)
 
 
 def supports(k: int, group: int) -> bool:
@@ -189,9 +290,15 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
     if rows:
         cfg = _config(rows, n, k, group, x.device)
         use_pdl = pdl.enabled(x.device)
-        _w4a16_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
-            x, words, d, m, bias if bias is not None else d, y, rows, n, kw, d.shape[1],
-            x.stride(0), y.stride(0), WPG=group // 8, HAS_BIAS=bias is not None, PDL=use_pdl,
-            IEEE=INTERPRETED or x.dtype == torch.float32, INTERPRET=INTERPRETED,
-            KW_INTERPRET=kw if INTERPRETED else 0, launch_pdl=use_pdl, **cfg)
+        args = (x, words, d, m, bias if bias is not None else d, y, rows, n, kw, d.shape[1],
+                x.stride(0), y.stride(0))
+        common = dict(WPG=group // 8, HAS_BIAS=bias is not None, PDL=use_pdl, INTERPRET=INTERPRETED,
+                      KW_INTERPRET=kw if INTERPRETED else 0, launch_pdl=use_pdl, **cfg)
+        if rows <= DP4A_ROWS:
+            tiles = triton.cdiv(n, cfg["BLOCK_N"])
+            part, count = _scratch(x.device, cfg["SPLIT"] * rows * n, tiles * rows)
+            _w4a16_dp4a_kernel[(tiles * cfg["SPLIT"] * rows,)](*args[:6], part, count, *args[6:], **common)
+        else:
+            _w4a16_dot_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
+                *args, IEEE=INTERPRETED or x.dtype == torch.float32, **common)
     return y
