@@ -31,9 +31,8 @@ from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # 
 
 DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336,4608x3584,3584x3584,37888x3584,3584x18944"
 CALLS = 24
-DP4A = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp)
-        for bn, tw, nw, sp in itertools.product((32, 64, 128), (16, 32), (4, 8), (1, 2, 4, 8))]
-DP4A += [dict(BLOCK_N=16, TW=32, num_warps=4, num_stages=3, SPLIT=sp) for sp in (1, 2)]
+DP4A = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, PREFETCH=pf)
+        for bn, tw, nw, sp, pf in itertools.product((64, 128), (16, 32), (4, 8), (2, 4, 8, 16), (False, True))]
 
 
 def graph_us(fn, copies: int) -> float:

@@ -37,7 +37,8 @@ class FP8Linear(nn.Module):
         q, s = quantize_rows(weight)
         self.register_buffer("qweight", q)  # [out, in] e4m3
         self.register_buffer("scale", s.reshape(1, -1).contiguous())  # [1, out] float32
-        self.bias = bias
+        # a parameter, so that .to(device) moves it with the weights
+        self.bias = bias if bias is None or isinstance(bias, nn.Parameter) else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

@@ -94,7 +94,8 @@ class Int4Linear(nn.Module):
         self.out_features, self.in_features = q.shape
         for name, t in (("qweight", pack_words(q)), ("scales", d), ("mins", m)):
             self.register_buffer(name, t)
-        self.bias = bias
+        # a parameter, so that .to(device) moves it with the weights
+        self.bias = bias if bias is None or isinstance(bias, nn.Parameter) else nn.Parameter(bias, requires_grad=False)
         group = self.in_features // d.shape[1]
         # the kernel's tiles take groups of a power of two (others: the torch path)
         self._kernel_ok = group >= 32 and group & (group - 1) == 0

@@ -52,7 +52,8 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = q.shape
         self.register_buffer("qweight", q)
         self.register_buffer("scale", scale)
-        self.bias = bias
+        # a parameter, so that .to(device) moves it with the weights
+        self.bias = bias if bias is None or isinstance(bias, nn.Parameter) else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and x.shape[0] <= triton_gemv_rows():

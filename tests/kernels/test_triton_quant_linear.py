@@ -116,11 +116,11 @@ def test_int4_linear_runs_the_kernel_or_the_torch_path_alike():
     """Int4Linear holds packed nibbles; on CUDA its small steps take the kernel, big ones and the
     CPU dequantize: the same answer either way."""
     n, k, group = SHAPES[0]
-    w, x, b = _data(torch.float32, n, k, MAX_ROWS + 4)
+    w, x, b = _data(torch.bfloat16 if CUDA else torch.float32, n, k, MAX_ROWS + 4)
     q, d, m = quantize_groups(w, group)
     layer = Int4Linear(q, d, m, b.cpu()).to(DEVICE)
     assert layer.qweight.shape == (n, k // 8)
-    want = torch.nn.functional.linear(x, dequantize_groups(q, d, m).to(DEVICE), b)
+    want = torch.nn.functional.linear(x, dequantize_groups(q, d, m).to(DEVICE, x.dtype), b)
     _close(layer(x), want)  # 20 rows: the dense path
     _close(layer(x[:3]), want[:3])  # on CUDA: the kernel
 
@@ -129,9 +129,9 @@ def test_bad_shapes_are_refused():
     q = torch.zeros(8, 12, dtype=torch.int32)  # K = 96: groups of 48, not a power of two
     d = torch.ones(8, 2, dtype=torch.float16)
     with pytest.raises(ValueError, match="power of two"):
-        w4a16(torch.zeros(1, 96, device=DEVICE), q.to(DEVICE), d.to(DEVICE), d.to(DEVICE))
+        w4a16(torch.zeros(1, 96, device=DEVICE, dtype=torch.bfloat16), q.to(DEVICE), d.to(DEVICE), d.to(DEVICE))
     with pytest.raises(ValueError, match="rows"):
-        w4a16(torch.zeros(MAX_ROWS + 1, 96, device=DEVICE), q.to(DEVICE), d[:, :1].to(DEVICE),
+        w4a16(torch.zeros(MAX_ROWS + 1, 96, device=DEVICE, dtype=torch.bfloat16), q.to(DEVICE), d[:, :1].to(DEVICE),
               d[:, :1].to(DEVICE))
     with pytest.raises(ValueError, match="rows"):
         w8a16(torch.zeros(MAX_ROWS + 1, 32, device=DEVICE), torch.zeros(4, 32, dtype=torch.int8, device=DEVICE),
