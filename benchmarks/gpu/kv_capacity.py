@@ -26,7 +26,8 @@ def main() -> int:
     model, tok, out, kind = sys.argv[1:5]
     budget = int(float(sys.argv[5]) if len(sys.argv) > 5 else 64) << 30
     llm = LLM(model=model, tokenizer=tok, load_format="dummy", dtype="bfloat16", max_model_len=SEQ,
-              kv_cache_memory=budget, max_num_seqs=4096, kv_cache_dtype=kind)
+              kv_cache_memory=budget, max_num_seqs=4096, kv_cache_dtype=kind,
+              enforce_eager=True)  # no CUDA graphs: the count does not depend on them
     eng = llm.engine
     blocks, bs = eng.block_manager.num_blocks, eng.config.cache.block_size
     per_block = eng.runner.kv_bytes_per_block()
