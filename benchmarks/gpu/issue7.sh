@@ -35,9 +35,11 @@ latency() {  # $1: label, then extra flags
 
 case "${1:-}" in
 w4a16)
-    step kernel tests on CUDA: W4A16, W8A16, FP8, int4
-    timeout ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_quant_linear.py \
-        tests/quant/test_fp8.py tests/quant/test_int4.py 2>&1 | tail -12 | tee "$OUT/kernel-tests.txt"
+    if [ -z "${SKIP_TESTS:-}" ]; then
+        step kernel tests on CUDA: W4A16, W8A16, FP8, int4
+        timeout ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_quant_linear.py \
+            tests/quant/test_fp8.py tests/quant/test_int4.py 2>&1 | tail -12 | tee "$OUT/kernel-tests.txt"
+    fi
     step W4A16 dp4a tile sweep, Llama-3.1-8B layer shapes
     timeout ${T_PROBE:-240} python3 benchmarks/gpu/w4a16_probe.py "$OUT/w4a16-probe.json" "$OUT/w4a16-table.json" \
         ${PROBE_SHAPES:-6144x4096,4096x4096,28672x4096,4096x14336} 2>&1 | grep -v "^  " | tail -12
