@@ -4,7 +4,8 @@
 
 For each shape y = x @ W.T (N x K, groups of 128) and 1, 4 and 8 rows: bf16 through cuBLAS
 (F.linear) and through nextok's Triton GEMV, and the W4A16 kernel: the dp4a kernel at every
-tile of a grid for 1 row, its 6 best of those for 4 rows; the tl.dot kernel's tuned tile for 8.
+tile of a grid for 1, 4 and 8 rows (all rows in one program), and for 8 rows the tl.dot
+kernel's tuned tile beside it.
 Weights rotate over copies larger than the 50 MB L2, as each layer's do in a real step, and
 each variant is timed as a CUDA graph of 24 calls (a Python launch costs more than a 4-bit
 o_proj reads). Writes every timing to OUT.json and the fastest tile per shape and row class to
@@ -31,8 +32,12 @@ from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # 
 
 DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336,4608x3584,3584x3584,37888x3584,3584x18944"
 CALLS = 24
-DP4A = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, PREFETCH=pf)
+DP4A = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, PREFETCH=pf, BLOCK_M=1)
         for bn, tw, nw, sp, pf in itertools.product((64, 128), (16, 32), (4, 8), (2, 4, 8, 16), (False, True))]
+# 4 and 8 rows: all rows in one program
+ROWS = {rows: [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, PREFETCH=False, BLOCK_M=rows)
+               for bn, tw, nw, sp in itertools.product((32, 64), (16, 32), (4, 8), (2, 4, 8))]
+        for rows in (4, 8)}
 
 
 def graph_us(fn, copies: int) -> float:
@@ -74,19 +79,13 @@ def main() -> int:
         packed_bytes = words.numel() * 4 + d.numel() * 2 + m.numel() * 2
         ref_w = dequantize_groups(q, d, m)
         del w, q
-        best1 = []
         for mrows in (1, 4, 8):
             x = torch.randn(mrows, k, device=dev, dtype=torch.bfloat16)
             ref = F.linear(x.float(), ref_w)
             r = {"n": n, "k": k, "rows": mrows, "packed_bytes": packed_bytes}
             r["bf16_cublas_us"] = graph_us(lambda i: F.linear(x, bfs[i]), copies)
             r["bf16_gemv_us"] = graph_us(lambda i: gemv(x, bfs[i]), copies)
-            if mrows == 1:
-                grid = DP4A
-            elif mrows <= w4.DP4A_ROWS:
-                grid = best1[:6]
-            else:
-                grid = [None]  # the tl.dot kernel's tile from the repo's table
+            grid = DP4A if mrows == 1 else ROWS[mrows]
             sweep = []
             for cfg in grid:
                 w4.set_config(cfg)
@@ -98,16 +97,20 @@ def main() -> int:
                     continue
                 sweep.append(dict(cfg or {}, us=us, max_diff=err))
             w4.set_config(None)
-            if mrows == 1:
-                best1 = [{key: c[key] for key in DP4A[0]} for c in sorted(sweep, key=lambda c: c["us"])]
             best = min(sweep, key=lambda s: s["us"])
             r["sweep"], r["best"] = sweep, best
             r["w4a16_us"] = best["us"]
             r["w4a16_tbps"] = packed_bytes / best["us"] / 1e6
             r["bf16_tbps"] = n * k * 2 / min(r["bf16_cublas_us"], r["bf16_gemv_us"]) / 1e6
             rows.append(r)
-            if mrows == 1:
-                table.setdefault(f"{n}x{k}", {})["1"] = {key: best[key] for key in DP4A[0]}
+            table.setdefault(f"{n}x{k}", {})[str(mrows)] = {key: best[key] for key in DP4A[0]}
+            if mrows == 8:  # the tl.dot kernel's tile from the repo's table, beside it
+                w4.DP4A_ROWS = 4
+                r["dot_us"] = graph_us(lambda i: w4.w4a16(x, *packed[i]), copies)
+                w4.DP4A_ROWS = 8
+                print(f"  8 rows through the tl.dot kernel: {r['dot_us']:.1f} us", flush=True)
+                if r["dot_us"] < best["us"]:
+                    table[f"{n}x{k}"]["8"] = {"dot": True}
             bf_best = min(r["bf16_cublas_us"], r["bf16_gemv_us"])
             print(f"{n:>6}x{k:<6} rows {mrows}: bf16 cuBLAS {r['bf16_cublas_us']:6.1f} us, GEMV "
                   f"{r['bf16_gemv_us']:6.1f} us ({r['bf16_tbps']:.2f} TB/s) | w4a16 {best['us']:6.1f} us "

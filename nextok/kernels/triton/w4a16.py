@@ -5,7 +5,7 @@ Weight layout (quant/int4.py, Int4Linear): `words` int32 [N, K / 8], word j of a
 8j .. 8j + 7, column 8j + i in bits 4i .. 4i + 3; per row and group of GROUP columns a scale d and
 a min m, float16 [N, K / GROUP]: W = d * q + m.
 
-Why integer dot products for 1-4 rows: at batch 1 an 8B step must stream ~4 GB of nibbles at ~4
+Why integer dot products for 1-8 rows: at batch 1 an 8B step must stream ~4 GB of nibbles at ~4
 TB/s, 8 * 10^12 weights a second, and an H200 SM issues 128 lane-instructions a clock: a few
 instructions per 8-weight word at most. Turning each nibble into a float costs three (a first
 kernel did that, with x gathered per weight: ~70 SASS instructions a word, 1.2 TB/s measured).
@@ -18,9 +18,11 @@ signed and lo an unsigned byte, and one `dp4a` multiplies four nibbles by four b
 and the word adds d s t + m sum_i x_i to its row (11 instructions a word). s is a power of two
 (2^(E - 13), E the exponent of the word's largest |x|), so every element within 2^6 of that
 largest one, all of a bfloat16 word but outliers, is exact; the others are off by at most
-2^(E - 14). The x bytes are made once per tile and program and shared by its BLOCK_N rows of W.
+2^(E - 14). The x bytes are made once per tile and program and shared by its BLOCK_N rows of W;
+a program takes BLOCK_M rows of x, so W's words are unpacked once for all of them. Small N
+splits K over SPLIT programs (an 8B o_proj has 4096 rows: 32 tiles of 128 for 132 SMs).
 
-More rows (5-16): each tile dequantized to x's dtype and multiplied with tl.dot (the rows padded
+More rows (9-16): each tile dequantized to x's dtype and multiplied with tl.dot (the rows padded
 to 16), one dot per nibble position.
 
 Measured on an H200 (2026-12-04, benchmarks/gpu/w4a16_probe.py; results
@@ -43,7 +45,7 @@ from nextok.kernels.triton import pdl
 from nextok.kernels.triton.pdl import pdl_wait
 
 MAX_ROWS = 16
-DP4A_ROWS = 4  # up to this many rows the dp4a kernel (one program per row and tile of W)
+DP4A_ROWS = 8  # up to this many rows the dp4a kernel, above it the tl.dot one
 
 
 @triton.jit
@@ -125,105 +127,117 @@ def _dp4a(a, b, c, B_SIGNED: tl.constexpr, INTERPRET: tl.constexpr):
 
 @triton.jit
 def _bytes(v):
-    # [GT, WPG, 4] int32, of which the low bytes count -> [1, GT, WPG] words, element k in byte k
-    k = tl.arange(0, 4)[None, None, :]
-    return tl.sum((v & 0xFF) << (8 * k), axis=2)[None, :, :]
+    # [BLOCK_M, GT, WPG, 4] int32, of which the low bytes count -> [BLOCK_M, 1, GT, WPG] words,
+    # element k in byte k
+    k = tl.arange(0, 4)[None, None, None, :]
+    return tl.sum((v & 0xFF) << (8 * k), axis=3)[:, None, :, :]
 
 
 @triton.jit
 def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
                        M, N, KW, G, s_xm, s_ym, WPG: tl.constexpr, GT: tl.constexpr,
                        SPLIT: tl.constexpr, PREFETCH: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       BLOCK_N: tl.constexpr, PDL: tl.constexpr, INTERPRET: tl.constexpr,
-                       KW_INTERPRET: tl.constexpr):
-    # Grid (cdiv(N, BLOCK_N) * SPLIT * M,): program p takes row p % M of x, BLOCK_N rows of W
-    # and a SPLIT-th of K (the M programs of one tile of W run side by side, so its bytes come
-    # from DRAM once). x [M, 8 KW]; words [N, KW]; d, m [N, G]; y [M, N]. A tile: [BLOCK_N, GT,
-    # WPG] words, GT whole groups. With SPLIT > 1 each program leaves its float32 sums in
-    # part [SPLIT, M, N] and the last of a tile's SPLIT programs (count [cdiv(N, BLOCK_N), M],
-    # zeros between calls) adds them in split order and writes y.
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+                       INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr):
+    # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),): a program takes BLOCK_M rows of x,
+    # BLOCK_N rows of W and a SPLIT-th of K; the programs of one tile of W run side by side, so
+    # its bytes come from DRAM once. x [M, 8 KW]; words [N, KW]; d, m [N, G]; y [M, N]. A tile:
+    # [BLOCK_N, GT, WPG] words, GT whole groups. With SPLIT > 1 each program leaves its float32
+    # sums in part [SPLIT, M, N] and the last of a tile's SPLIT programs (count [cdiv(N,
+    # BLOCK_N), cdiv(M, BLOCK_M)], zeros between calls) adds them in split order and writes y.
+    # Shapes below: x side [BLOCK_M, 1, GT, WPG], W side [1, BLOCK_N, GT, WPG].
     pdl_wait(PDL)
     TW: tl.constexpr = GT * WPG
-    row = tl.program_id(0) % M
-    split = (tl.program_id(0) // M) % SPLIT
-    tile = tl.program_id(0) // (M * SPLIT)
+    mb = tl.cdiv(M, BLOCK_M)
+    rblock = tl.program_id(0) % mb
+    split = (tl.program_id(0) // mb) % SPLIT
+    tile = tl.program_id(0) // (mb * SPLIT)
+    rows = rblock * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
     n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
-    n3 = n[:, None, None]
-    n_ok3 = n_ok[:, None, None]
-    g3 = tl.arange(0, GT)[None, :, None]
-    j3 = tl.arange(0, WPG)[None, None, :]
-    xword = tl.arange(0, GT)[:, None, None] * WPG + tl.arange(0, WPG)[None, :, None]  # [GT, WPG, 1]
-    col = tl.arange(0, 8)[None, None, :]
+    n4 = n[None, :, None, None]
+    n_ok4 = n_ok[None, :, None, None]
+    wword = tl.arange(0, GT)[None, None, :, None] * WPG + tl.arange(0, WPG)[None, None, None, :]
+    # x's tile [BLOCK_M, GT, WPG, 8]: row, group, word, column in the word
+    xrow = rows[:, None, None, None]
+    xrow_ok = row_ok[:, None, None, None]
+    xword = tl.arange(0, GT)[None, :, None, None] * WPG + tl.arange(0, WPG)[None, None, :, None]
+    col = tl.arange(0, 8)[None, None, None, :]
     per_split = tl.cdiv(tl.cdiv(KW, SPLIT), TW) * TW
     kw_lo = split * per_split
     kw_hi = tl.minimum(kw_lo + per_split, KW)
-    if not INTERPRET:
-        kw_lo = 0  # the loop starts there; masks need only the upper bound
-    acc = tl.zeros([BLOCK_N, GT], dtype=tl.float32)
-    # the interpreter cannot loop between runtime bounds: there every program walks all of K
-    # and masks the words outside its split
     kw_first = split * per_split
     if INTERPRET:
+        # the interpreter cannot loop between runtime bounds: there every program walks all
+        # of K and masks the words outside its split
         kw_first = 0
+    else:
+        kw_lo = 0  # the loop starts at the split; masks need only the upper bound
+    acc = tl.zeros([BLOCK_M, BLOCK_N, GT], dtype=tl.float32)
     if PREFETCH:  # the next tile's words are loaded before this tile's arithmetic
-        word = kw_first + g3 * WPG + j3
-        w_next = tl.load(w_ptr + n3 * KW + word, mask=n_ok3 & (word >= kw_lo) & (word < kw_hi), other=0)
+        word = kw_first + wword
+        w_next = tl.load(w_ptr + n4 * KW + word, mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
     for kw0 in range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi, TW):
         if PREFETCH:
             w = w_next
-            word = kw0 + TW + g3 * WPG + j3
-            w_next = tl.load(w_ptr + n3 * KW + word, mask=n_ok3 & (word >= kw_lo) & (word < kw_hi), other=0)
+            word = kw0 + TW + wword
+            w_next = tl.load(w_ptr + n4 * KW + word, mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
         else:
-            word = kw0 + g3 * WPG + j3  # [1, GT, WPG]
-            w = tl.load(w_ptr + n3 * KW + word, mask=n_ok3 & (word >= kw_lo) & (word < kw_hi),
-                        other=0)  # [BLOCK_N, GT, WPG]
-        # x's tile [GT, WPG, 8] in fixed point per word: x = s (256 hi + lo), s = 2^(E - 13)
+            word = kw0 + wword
+            w = tl.load(w_ptr + n4 * KW + word, mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
+        # x in fixed point per word: x = s (256 hi + lo), s = 2^(E - 13)
         xw = kw0 + xword
-        x = tl.load(x_ptr + row * s_xm + xw * 8 + col, mask=(xw >= kw_lo) & (xw < kw_hi),
+        x = tl.load(x_ptr + xrow * s_xm + xw * 8 + col, mask=xrow_ok & (xw >= kw_lo) & (xw < kw_hi),
                     other=0.0).to(tl.float32)
-        amax = tl.maximum(tl.max(tl.abs(x), axis=2), 1e-30)  # [GT, WPG]
+        amax = tl.maximum(tl.max(tl.abs(x), axis=3), 1e-30)  # [BLOCK_M, GT, WPG]
         s = (amax.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True) * (1.0 / 8192.0)
         # round to nearest: 1.5 * 2^23 + v holds round(v) in its low mantissa bits (|v| < 2^14)
-        xq = (x * (1.0 / s)[:, :, None] + 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000
-        hi_e, hi_o = tl.split(tl.reshape(xq >> 8, [GT, WPG, 4, 2]))  # columns 0,2,4,6 / 1,3,5,7
-        lo_e, lo_o = tl.split(tl.reshape(xq & 0xFF, [GT, WPG, 4, 2]))
+        xq = (x * (1.0 / s)[:, :, :, None] + 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000
+        hi_e, hi_o = tl.split(tl.reshape(xq >> 8, [BLOCK_M, GT, WPG, 4, 2]))  # columns 0,2,4,6 / 1,3,5,7
+        lo_e, lo_o = tl.split(tl.reshape(xq & 0xFF, [BLOCK_M, GT, WPG, 4, 2]))
         # W's nibbles as bytes, columns 0,2,4,6 and 1,3,5,7: t = sum_i q_i x_i / s per word
         we = w & 0x0F0F0F0F
         wo = (w >> 4) & 0x0F0F0F0F
-        t = _dp4a(we, _bytes(hi_e), tl.zeros_like(w), True, INTERPRET)
+        zero = tl.zeros([BLOCK_M, BLOCK_N, GT, WPG], dtype=tl.int32)
+        t = _dp4a(we, _bytes(hi_e), zero, True, INTERPRET)
         t = _dp4a(wo, _bytes(hi_o), t, True, INTERPRET) << 8
         t = _dp4a(we, _bytes(lo_e), t, False, INTERPRET)
         t = _dp4a(wo, _bytes(lo_o), t, False, INTERPRET)
-        grp = kw0 // WPG + tl.arange(0, GT)[None, :]  # [1, GT]
-        g_mask = n_ok[:, None] & (grp * WPG >= kw_lo) & (grp * WPG < kw_hi)
-        d = tl.load(d_ptr + n[:, None] * G + grp, mask=g_mask, other=0.0).to(tl.float32)  # [BLOCK_N, GT]
-        mn = tl.load(m_ptr + n[:, None] * G + grp, mask=g_mask, other=0.0).to(tl.float32)
-        xsum = tl.sum(tl.sum(x, axis=2), axis=1)  # [GT]
-        acc += tl.sum(t.to(tl.float32) * s[None, :, :], axis=2) * d + mn * xsum[None, :]
-    out = tl.sum(acc, axis=1)  # [BLOCK_N]
+        grp = kw0 // WPG + tl.arange(0, GT)[None, None, :]  # [1, 1, GT]
+        g_mask = n_ok[None, :, None] & (grp * WPG >= kw_lo) & (grp * WPG < kw_hi)
+        gptr = n[None, :, None] * G + grp
+        d = tl.load(d_ptr + gptr, mask=g_mask, other=0.0).to(tl.float32)  # [1, BLOCK_N, GT]
+        mn = tl.load(m_ptr + gptr, mask=g_mask, other=0.0).to(tl.float32)
+        xsum = tl.sum(tl.sum(x, axis=3), axis=2)[:, None, :]  # [BLOCK_M, 1, GT]
+        acc += tl.sum(t.to(tl.float32) * s[:, None, :, :], axis=3) * d + mn * xsum
+    out = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]
+    ym = rows[:, None] * s_ym + n[None, :]
+    y_ok = row_ok[:, None] & n_ok[None, :]
     if SPLIT > 1:
-        tl.store(part_ptr + (split * M + row) * N + n, out, mask=n_ok)
+        pm = (split * M + rows[:, None]) * N + n[None, :]
+        tl.store(part_ptr + pm, out, mask=y_ok)
         tl.debug_barrier()  # every lane's sums stored before the count says so
-        done = tl.atomic_add(count_ptr + tile * M + row, 1, sem="acq_rel", scope="gpu")
+        done = tl.atomic_add(count_ptr + tile * mb + rblock, 1, sem="acq_rel", scope="gpu")
         if done == SPLIT - 1:
-            out = tl.zeros([BLOCK_N], dtype=tl.float32)
+            out = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for k in tl.static_range(SPLIT):  # .cg: from L2, not a stale L1 line of a past call
-                out += tl.load(part_ptr + (k * M + row) * N + n, mask=n_ok, other=0.0, cache_modifier=".cg")
-            tl.store(count_ptr + tile * M + row, 0)
+                pk = (k * M + rows[:, None]) * N + n[None, :]
+                out += tl.load(part_ptr + pk, mask=y_ok, other=0.0, cache_modifier=".cg")
+            tl.store(count_ptr + tile * mb + rblock, 0)
             if HAS_BIAS:
-                out += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
-            tl.store(y_ptr + row * s_ym + n, out.to(y_ptr.dtype.element_ty), mask=n_ok)
+                out += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            tl.store(y_ptr + ym, out.to(y_ptr.dtype.element_ty), mask=y_ok)
     else:
         if HAS_BIAS:
-            out += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + row * s_ym + n, out.to(y_ptr.dtype.element_ty), mask=n_ok)
+            out += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + ym, out.to(y_ptr.dtype.element_ty), mask=y_ok)
 
 
 INTERPRETED = not isinstance(_w4a16_dot_kernel, JITFunction)
 _OVERRIDE: dict | None = None  # benchmarks/gpu/w4a16_probe.py sets tiles to sweep them
-# Tuned tiles per GPU: {"<N>x<K>": {"1": tile, "16": tile}} (tile: BLOCK_N, TW words per row per
-# tile, num_warps, num_stages; "1": the dp4a kernel, 1 to DP4A_ROWS rows, "16": the tl.dot one),
+# Tuned tiles per GPU: {"<N>x<K>": {row class: tile}} (tile: BLOCK_N, TW words per row per tile,
+# num_warps, num_stages, and for dp4a SPLIT, PREFETCH, BLOCK_M; row classes: _row_class),
 # written by benchmarks/gpu/w4a16_probe.py. NEXTOK_W4A16_CONFIGS names another table.
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 
@@ -243,8 +257,23 @@ def _tuned(device_name: str) -> dict:
         return json.load(f)
 
 
-def _tile(tile: dict, dot: bool, wpg: int) -> dict:
-    extra = dict(BLOCK_M=16) if dot else dict(SPLIT=tile.get("SPLIT", 1), PREFETCH=tile.get("PREFETCH", False))
+def _row_class(m: int) -> str:
+    """The table's key for m <= DP4A_ROWS rows: "1", "4" (2-4), "8" (5-8); "16" is tl.dot's."""
+    return next(c for c in ("1", "4", "8") if m <= int(c))
+
+
+# Where the GPU has no table: the best one-row tile at every Llama-3.1-8B shape but gate_up
+# (SPLIT 2) on an H200; for more rows, untuned guesses.
+DEFAULT_TILES = {"1": dict(BLOCK_N=128, TW=32, num_warps=4, num_stages=3, SPLIT=8),
+                 "4": dict(BLOCK_N=64, TW=32, num_warps=8, num_stages=3, SPLIT=8, BLOCK_M=4),
+                 "8": dict(BLOCK_N=32, TW=32, num_warps=8, num_stages=3, SPLIT=8, BLOCK_M=8),
+                 "16": dict(BLOCK_N=32, TW=32, num_warps=4, num_stages=3)}
+
+
+def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
+    extra = dict(BLOCK_M=16) if dot else dict(
+        SPLIT=tile.get("SPLIT", 1), PREFETCH=tile.get("PREFETCH", False),
+        BLOCK_M=min(tile.get("BLOCK_M", 1), triton.next_power_of_2(m)))
     return dict(BLOCK_N=tile["BLOCK_N"], GT=max(1, tile["TW"] // wpg), num_warps=tile["num_warps"],
                 num_stages=tile["num_stages"], **extra)
 
@@ -266,19 +295,23 @@ def _scratch(device: torch.device, parts: int, counts: int) -> tuple[torch.Tenso
     return part, count
 
 
-def _config(m: int, n: int, k: int, group: int, device: torch.device) -> dict:
-    """Tiles: tuned per shape where the GPU has a table (configs/), else a default."""
-    wpg, dot = group // 8, m > DP4A_ROWS
+def _config(m: int, n: int, k: int, group: int, device: torch.device) -> tuple[bool, dict]:
+    """(whether the tl.dot kernel, its tiles): tuned per shape where the GPU has a table
+    (configs/), else a default. A table's "8" entry may send 5-8 rows to tl.dot ({"dot": true})."""
+    wpg = group // 8
     if device.type != "cuda":  # the interpreter: small tiles
-        return _tile(dict(BLOCK_N=16, TW=max(wpg, 8), num_warps=4, num_stages=1, SPLIT=2,
-                          PREFETCH=True), dot, wpg)
+        dot = m > DP4A_ROWS
+        return dot, _tile(dict(BLOCK_N=16, TW=max(wpg, 8), num_warps=4, num_stages=1, SPLIT=2,
+                               PREFETCH=True, BLOCK_M=2), m, dot, wpg)
     if _OVERRIDE is not None:
-        return _tile(_OVERRIDE, dot, wpg)
-    tuned = _tuned(torch.cuda.get_device_name(device)).get(f"{n}x{k}", {}).get("16" if dot else "1")
-    if tuned:
-        return _tile(tuned, dot, wpg)
-    # the best tile at every Llama-3.1-8B shape but gate_up (SPLIT 2) on an H200
-    return _tile(dict(BLOCK_N=128, TW=32, num_warps=4, num_stages=3, SPLIT=8), dot, wpg)
+        dot = m > DP4A_ROWS
+        return dot, _tile(_OVERRIDE, m, dot, wpg)
+    table = _tuned(torch.cuda.get_device_name(device)).get(f"{n}x{k}", {})
+    cls = "16" if m > DP4A_ROWS else _row_class(m)
+    tile = table.get(cls) or DEFAULT_TILES[cls]
+    if tile.get("dot"):
+        cls, tile = "16", table.get("16") or DEFAULT_TILES["16"]
+    return cls == "16", _tile(tile, m, cls == "16", wpg)
 
 
 def supports(k: int, group: int) -> bool:
@@ -302,16 +335,16 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
                          f"{list(words.shape)}, {d.shape[1]} groups")
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if rows:
-        cfg = _config(rows, n, k, group, x.device)
+        dot, cfg = _config(rows, n, k, group, x.device)
         use_pdl = pdl.enabled(x.device)
         args = (x, words, d, m, bias if bias is not None else d, y, rows, n, kw, d.shape[1],
                 x.stride(0), y.stride(0))
         common = dict(WPG=group // 8, HAS_BIAS=bias is not None, PDL=use_pdl, INTERPRET=INTERPRETED,
                       KW_INTERPRET=kw if INTERPRETED else 0, launch_pdl=use_pdl, **cfg)
-        if rows <= DP4A_ROWS:
-            tiles = triton.cdiv(n, cfg["BLOCK_N"])
-            part, count = _scratch(x.device, cfg["SPLIT"] * rows * n, tiles * rows)
-            _w4a16_dp4a_kernel[(tiles * cfg["SPLIT"] * rows,)](*args[:6], part, count, *args[6:], **common)
+        if not dot:
+            tiles, mb = triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(rows, cfg["BLOCK_M"])
+            part, count = _scratch(x.device, cfg["SPLIT"] * rows * n, tiles * mb)
+            _w4a16_dp4a_kernel[(tiles * cfg["SPLIT"] * mb,)](*args[:6], part, count, *args[6:], **common)
         else:
             _w4a16_dot_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
                 *args, IEEE=INTERPRETED or x.dtype == torch.float32, **common)
