@@ -124,10 +124,13 @@ def _rope_neox_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr, qkv_s
 
 @triton.jit
 def _cache_value(x, cache_ptr, FP8: tl.constexpr):
-    # x as the cache stores it: itself, or (FP8) clamped to +-448 and cast to e4m3
+    # x as the cache stores it: itself, or (FP8) clamped to +-448 and cast to e4m3. One return:
+    # the compiler checks every return's type, also in a branch a constexpr drops.
     if FP8:
-        return to_e4m3(x.to(tl.float32), cache_ptr.dtype.element_ty)
-    return x
+        y = to_e4m3(x.to(tl.float32), cache_ptr.dtype.element_ty)
+    else:
+        y = x
+    return y
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,94 @@
+"""The Triton kernels compile for an H200 (sm_90) in their fp8 / int8 / dp4a specializations.
+
+Triton's interpreter, which runs the kernel tests without a GPU, executes the Python of a kernel:
+it takes a function whose constexpr branches return different types, and never meets inline PTX.
+The GPU compiler refuses the first (an fp8 KV cache's fused rope kernel did, on the H200 only,
+2026-12-05). Triton's own ptxas compiles for sm_90 here without a GPU, so these build each
+specialization the CPU tests cannot run, and fail with the compiler's message.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+# Runs in a subprocess: tests/conftest.py sets TRITON_INTERPRET=1 for the session, and kernels
+# decorated under it are interpreted functions, which do not compile.
+COMPILE = r"""
+import json, sys
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+from nextok.kernels.triton import attention, fused, w4a16
+
+def build(fn, types, const):
+    sig = {n: ("constexpr" if n in const else types.get(n, "i32")) for n in fn.arg_names}
+    # every pointer and integer 16-aligned, as the launcher marks them on real tensors
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n] not in ("constexpr", "fp32")}
+    return compile(ASTSource(fn, sig, const, attrs=attrs), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+out = {}
+for name, fn, types, const in json.loads(sys.argv[1]):
+    try:
+        ptx = build(getattr({"attention": attention, "fused": fused, "w4a16": w4a16}[fn[0]], fn[1]), types, const).asm["ptx"]
+        out[name] = {"ok": True, "dp4a": "dp4a.u32.s32" in ptx and "dp4a.u32.u32" in ptx, "local": ".local" in ptx}
+    except Exception as e:
+        out[name] = {"ok": False, "error": str(e)[-2000:]}
+print(json.dumps(out))
+"""
+
+CACHES = {0: "*bf16", 1: "*i8", 2: "*fp8e4nv"}  # QUANT: none, int8, fp8
+ATTN = dict(q_ptr="*bf16", bt_ptr="*i32", lens_ptr="*i32", out_ptr="*bf16", mid_o_ptr="*fp32",
+            mid_lse_ptr="*fp32", info_ptr="*i32", k_ptr="*bf16", v_ptr="*bf16", slot_ptr="*i64",
+            qk_scale="fp32")
+
+
+def _specs() -> list:
+    specs = []
+    for fp8 in (False, True):
+        cache = CACHES[2 if fp8 else 0]
+        specs.append((f"rope fp8={fp8}", ("fused", "_rope_neox_kernel"),
+                      dict(qkv_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16", kc_ptr=cache, vc_ptr=cache,
+                           slot_ptr="*i64"),
+                      dict(HEAD_DIM=128, PAGE=16, STORE=True, FP8=fp8, BLOCK_H=8, BLOCK_D=64, PDL=True)))
+    for quant, cache in CACHES.items():
+        types = dict(ATTN, kc_ptr=cache, vc_ptr=cache, ks_ptr="*fp32" if quant == 1 else cache,
+                     vs_ptr="*fp32" if quant == 1 else cache)
+        specs += [
+            (f"decode quant={quant}", ("attention", "_decode_split_kernel"), types,
+             dict(G=4, D=128, PAGE=16, NUM_SPLITS=4, HAS_WINDOW=False, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
+                  QUANT=quant, INTERPRET=False, PDL=True)),
+            (f"prefill quant={quant}", ("attention", "_prefill_kernel"), types,
+             dict(G=4, D=128, PAGE=16, HAS_WINDOW=True, BLOCK_M=64, BLOCK_D=128, BLOCK_N=64, QUANT=quant,
+                  INTERPRET=False)),
+            (f"store quant={quant}", ("attention", "_store_kv_kernel"), types,
+             dict(KVH=8, D=128, PAGE=16, QUANT=quant, BLOCK_H=8, BLOCK_D=128))]
+    w4 = dict(x_ptr="*bf16", w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", b_ptr="*fp16", y_ptr="*bf16",
+              part_ptr="*fp32", count_ptr="*i32")
+    for block_m, split, prefetch in ((1, 8, False), (1, 2, True), (8, 4, False)):
+        specs.append((f"w4a16 dp4a rows={block_m} split={split} prefetch={prefetch}", ("w4a16", "_w4a16_dp4a_kernel"),
+                      w4, dict(WPG=16, GT=2, SPLIT=split, PREFETCH=prefetch, HAS_BIAS=True, BLOCK_M=block_m,
+                               BLOCK_N=128 // block_m, PDL=True, INTERPRET=False, KW_INTERPRET=0)))
+    return specs
+
+
+@pytest.fixture(scope="module")
+def built() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", COMPILE, json.dumps(_specs())], capture_output=True, text=True,
+                         env=env, timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", [s[0] for s in _specs()])
+def test_compiles_for_sm90(built, name):
+    result = built[name]
+    assert result["ok"], result.get("error")
+    assert not result["local"], "spills to local memory"
+    if name.startswith("w4a16"):
+        assert result["dp4a"], "the dp4a instructions are gone from the PTX"
