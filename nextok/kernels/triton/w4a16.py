@@ -301,7 +301,8 @@ def _config(m: int, n: int, k: int, group: int, device: torch.device) -> tuple[b
     wpg = group // 8
     if device.type != "cuda":  # the interpreter: small tiles
         dot = m > DP4A_ROWS
-        return dot, _tile(dict(BLOCK_N=16, TW=max(wpg, 8), num_warps=4, num_stages=1, SPLIT=2,
+        # split K only where N is small (every split walks all of K in the interpreter)
+        return dot, _tile(dict(BLOCK_N=16, TW=max(wpg, 8), num_warps=4, num_stages=1, SPLIT=2 if n <= 32 else 1,
                                PREFETCH=True, BLOCK_M=2), m, dot, wpg)
     if _OVERRIDE is not None:
         dot = m > DP4A_ROWS
