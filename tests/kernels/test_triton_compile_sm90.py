@@ -1,4 +1,4 @@
-"""The Triton kernels compile for an H200 (sm_90) in their fp8 / int8 / dp4a specializations.
+"""Every Triton kernel compiles for an H200 (sm_90), in each specialization the engine launches.
 
 Triton's interpreter, which runs the kernel tests without a GPU, executes the Python of a kernel:
 it takes a function whose constexpr branches return different types, and never meets inline PTX.
@@ -16,6 +16,7 @@ import sys
 import pytest
 
 pytest.importorskip("triton")
+from nextok.kernels.triton.gguf_linear import TYPES as GGUF_TYPES  # noqa: E402  ggml type -> (QK, NB, S)
 
 # Runs in a subprocess: tests/conftest.py sets TRITON_INTERPRET=1 for the session, and kernels
 # decorated under it are interpreted functions, which do not compile.
@@ -23,7 +24,9 @@ COMPILE = r"""
 import json, sys
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
-from nextok.kernels.triton import attention, fused, w4a16
+from nextok.kernels.triton import attention, fp8_quant, fused, gemv, gguf_linear, quant_linear, w4a16
+MODULES = {"attention": attention, "fp8_quant": fp8_quant, "fused": fused, "gemv": gemv,
+           "gguf_linear": gguf_linear, "quant_linear": quant_linear, "w4a16": w4a16}
 
 def build(fn, types, const):
     sig = {n: ("constexpr" if n in const else types.get(n, "i32")) for n in fn.arg_names}
@@ -34,7 +37,7 @@ def build(fn, types, const):
 out = {}
 for name, fn, types, const in json.loads(sys.argv[1]):
     try:
-        ptx = build(getattr({"attention": attention, "fused": fused, "w4a16": w4a16}[fn[0]], fn[1]), types, const).asm["ptx"]
+        ptx = build(getattr(MODULES[fn[0]], fn[1]), types, const).asm["ptx"]
         out[name] = {"ok": True, "dp4a": "dp4a.u32.s32" in ptx and "dp4a.u32.u32" in ptx, "local": ".local" in ptx}
     except Exception as e:
         out[name] = {"ok": False, "error": str(e)[-2000:]}
@@ -42,6 +45,7 @@ print(json.dumps(out))
 """
 
 CACHES = {0: "*bf16", 1: "*i8", 2: "*fp8e4nv"}  # QUANT: none, int8, fp8
+
 ATTN = dict(q_ptr="*bf16", bt_ptr="*i32", lens_ptr="*i32", out_ptr="*bf16", mid_o_ptr="*fp32",
             mid_lse_ptr="*fp32", info_ptr="*i32", k_ptr="*bf16", v_ptr="*bf16", slot_ptr="*i64",
             qk_scale="fp32")
@@ -67,6 +71,38 @@ def _specs() -> list:
                   INTERPRET=False)),
             (f"store quant={quant}", ("attention", "_store_kv_kernel"), types,
              dict(KVH=8, D=128, PAGE=16, QUANT=quant, BLOCK_H=8, BLOCK_D=128))]
+    for pdl in (False, True):
+        specs.append((f"add_rms_norm pdl={pdl}", ("fused", "_add_rms_norm_kernel"),
+                      dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", eps="fp32"),
+                      dict(HAS_RESIDUAL=True, BLOCK=4096, PDL=pdl)))
+    specs.append(("silu_mul", ("fused", "_silu_mul_kernel"), dict(gu_ptr="*bf16", out_ptr="*bf16"),
+                  dict(BLOCK=1024, PDL=True)))
+    specs.append(("decode reduce", ("attention", "_decode_reduce_kernel"), ATTN,
+                  dict(D=128, NUM_SPLITS=4, BLOCK_S=4, BLOCK_D=128, PDL=True)))
+    specs.append(("fp8 row quantizer", ("fp8_quant", "_quant_rows_kernel"),
+                  dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32"), dict(BLOCK=4096)))
+    for dot in (False, True):
+        block_m = 16 if dot else 1
+        specs.append((f"gemv dot={dot}", ("gemv", "_gemv_kernel"),
+                      dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16"),
+                      dict(HAS_BIAS=True, USE_DOT=dot, BLOCK_M=block_m, BLOCK_N=32, BLOCK_K=256, PDL=True,
+                           IEEE=False, INTERPRET=False, K_INTERPRET=0)))
+        specs.append((f"w8a16 dot={dot}", ("quant_linear", "_quant_linear_kernel"),
+                      dict(x_ptr="*bf16", q_ptr="*i8", d_ptr="*fp16", b_ptr="*fp16", y_ptr="*bf16"),
+                      dict(HAS_BIAS=True, USE_DOT=dot, BLOCK_M=block_m, BLOCK_N=32, BLOCK_K=256, INTERPRET=False)))
+        for type_id, (qk, nb, sub) in GGUF_TYPES.items():
+            specs.append((f"gguf type={type_id} dot={dot}", ("gguf_linear", "_gguf_linear_kernel"),
+                          dict(x_ptr="*bf16", w_ptr="*u8", b_ptr="*bf16", y_ptr="*bf16"),
+                          dict(TYPE=type_id, QK=qk, NB=nb, S=sub, HAS_BIAS=True, USE_DOT=dot, IEEE=False,
+                               BLOCK_M=block_m, BLOCK_N=32)))
+            if not dot:
+                specs.append((f"gguf dequantize type={type_id}", ("gguf_linear", "_dequant_kernel"),
+                              dict(w_ptr="*u8", out_ptr="*bf16"),
+                              dict(TYPE=type_id, QK=qk, NB=nb, S=sub, BLOCK_N=32)))
+    specs.append(("w4a16 tl.dot kernel", ("w4a16", "_w4a16_dot_kernel"),
+                  dict(x_ptr="*bf16", w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", b_ptr="*fp16", y_ptr="*bf16"),
+                  dict(WPG=16, GT=2, HAS_BIAS=True, BLOCK_M=16, BLOCK_N=32, PDL=True, IEEE=False,
+                       INTERPRET=False, KW_INTERPRET=0)))
     w4 = dict(x_ptr="*bf16", w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", b_ptr="*fp16", y_ptr="*bf16",
               part_ptr="*fp32", count_ptr="*i32")
     for block_m, split, prefetch in ((1, 8, False), (1, 2, True), (8, 4, False)):
@@ -90,5 +126,5 @@ def test_compiles_for_sm90(built, name):
     result = built[name]
     assert result["ok"], result.get("error")
     assert not result["local"], "spills to local memory"
-    if name.startswith("w4a16"):
+    if name.startswith("w4a16 dp4a"):
         assert result["dp4a"], "the dp4a instructions are gone from the PTX"
