@@ -32,10 +32,10 @@ from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # 
 
 DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336,4608x3584,3584x3584,37888x3584,3584x18944"
 CALLS = 24
-DP4A = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, PREFETCH=pf, BLOCK_M=1)
-        for bn, tw, nw, sp, pf in itertools.product((64, 128), (16, 32), (4, 8), (2, 4, 8, 16), (False, True))]
+DP4A = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1)
+        for bn, tw, nw, sp in itertools.product((64, 128), (16, 32), (4, 8), (2, 4, 8, 16))]
 # 4 and 8 rows: all rows in one program
-ROWS = {rows: [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, PREFETCH=False, BLOCK_M=rows)
+ROWS = {rows: [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=rows)
                for bn, tw, nw, sp in itertools.product((32, 64), (16, 32), (4, 8), (2, 4, 8))]
         for rows in (4, 8)}
 

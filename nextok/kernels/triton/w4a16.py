@@ -138,7 +138,7 @@ def _bytes(v):
 @triton.jit
 def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
                        M, N, KW, G, s_xm, s_ym, WPG: tl.constexpr, GT: tl.constexpr,
-                       SPLIT: tl.constexpr, PREFETCH: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                        INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),): a program takes BLOCK_M rows of x,
@@ -170,24 +170,17 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     kw_lo = split * per_split
     kw_hi = tl.minimum(kw_lo + per_split, KW)
     kw_first = split * per_split
-    if INTERPRET:
-        # the interpreter cannot loop between runtime bounds: there every program walks all
-        # of K and masks the words outside its split
-        kw_first = 0
-    else:
-        kw_lo = 0  # the loop starts at the split; masks need only the upper bound
+    # the interpreter cannot loop between runtime bounds: there every program walks all of K
+    # and masks the words outside its split; on the GPU the loop starts at the split, and the
+    # masks need only the upper bound
+    if not INTERPRET:
+        kw_lo = 0
     acc = tl.zeros([BLOCK_M, BLOCK_N, GT], dtype=tl.float32)
-    if PREFETCH:  # the next tile's words are loaded before this tile's arithmetic
-        word = kw_first + wword
-        w_next = tl.load(w_ptr + n4 * KW + word, mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
+    # (loading the next tile's words before this tile's arithmetic, by hand, measured no faster)
+    # (0 spelled out for the interpreter: a name assigned under an `if` is a tensor there)
     for kw0 in range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi, TW):
-        if PREFETCH:
-            w = w_next
-            word = kw0 + TW + wword
-            w_next = tl.load(w_ptr + n4 * KW + word, mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
-        else:
-            word = kw0 + wword
-            w = tl.load(w_ptr + n4 * KW + word, mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
+        word = kw0 + wword
+        w = tl.load(w_ptr + n4 * KW + word, mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
         # x in fixed point per word: x = s (256 hi + lo), s = 2^(E - 13)
         xw = kw0 + xword
         x = tl.load(x_ptr + xrow * s_xm + xw * 8 + col, mask=xrow_ok & (xw >= kw_lo) & (xw < kw_hi),
@@ -239,7 +232,7 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
 INTERPRETED = not isinstance(_w4a16_dot_kernel, JITFunction)
 _OVERRIDE: dict | None = None  # benchmarks/gpu/w4a16_probe.py sets tiles to sweep them
 # Tuned tiles per GPU: {"<N>x<K>": {row class: tile}} (tile: BLOCK_N, TW words per row per tile,
-# num_warps, num_stages, and for dp4a SPLIT, PREFETCH, BLOCK_M; row classes: _row_class),
+# num_warps, num_stages, and for dp4a SPLIT, BLOCK_M; row classes: _row_class),
 # written by benchmarks/gpu/w4a16_probe.py. NEXTOK_W4A16_CONFIGS names another table.
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 
@@ -274,8 +267,7 @@ DEFAULT_TILES = {"1": dict(BLOCK_N=128, TW=32, num_warps=4, num_stages=3, SPLIT=
 
 def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
     extra = dict(BLOCK_M=16) if dot else dict(
-        SPLIT=tile.get("SPLIT", 1), PREFETCH=tile.get("PREFETCH", False),
-        BLOCK_M=min(tile.get("BLOCK_M", 1), triton.next_power_of_2(m)))
+        SPLIT=tile.get("SPLIT", 1), BLOCK_M=min(tile.get("BLOCK_M", 1), triton.next_power_of_2(m)))
     return dict(BLOCK_N=tile["BLOCK_N"], GT=max(1, tile["TW"] // wpg), num_warps=tile["num_warps"],
                 num_stages=tile["num_stages"], **extra)
 
@@ -304,8 +296,8 @@ def _config(m: int, n: int, k: int, group: int, device: torch.device) -> tuple[b
     if device.type != "cuda":  # the interpreter: small tiles
         dot = m > DP4A_ROWS
         # split K only where N is small (every split walks all of K in the interpreter)
-        return dot, _tile(dict(BLOCK_N=16, TW=max(wpg, 8), num_warps=4, num_stages=1, SPLIT=2 if n <= 32 else 1,
-                               PREFETCH=True, BLOCK_M=2), m, dot, wpg)
+        return dot, _tile(dict(BLOCK_N=16, TW=max(wpg, 8), num_warps=4, num_stages=1,
+                               SPLIT=2 if n <= 32 else 1, BLOCK_M=2), m, dot, wpg)
     if _OVERRIDE is not None:
         dot = m > DP4A_ROWS
         return dot, _tile(_OVERRIDE, m, dot, wpg)
