@@ -9,9 +9,10 @@
 #                                         medusa), on code / edit / random
 # The default GGUF travels in three parts (a call carries <= 64 MiB, ~25 of it the tracked files):
 # each call keeps the parts it carries in /tmp/model (gguf_a with "8b", gguf_b with a call between,
-# e.g. issue7.sh, gguf_c with "model", all on the same warm machine) and "model" joins them. Both carry
-# .gpucarry/tok/smollm2-135m.tgz, the tokenizer for the dummy checkpoints packed (the tracked
-# files, half the GGUF and the plain tokenizer pass a call's 64 MiB): benchmarks/gpu/make_carry.sh.
+# e.g. issue7.sh, gguf_c with "model", all on the same warm machine) and "model" joins them. Each
+# call carries .gpucarry/tok/smollm2-135m.tgz, the tokenizer for the dummy checkpoints packed (the
+# tracked files, a third of the GGUF and the plain tokenizer pass a call's 64 MiB):
+# benchmarks/gpu/make_carry.sh.
 # Everything written under $OUT comes back.
 set -u
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1

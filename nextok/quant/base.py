@@ -42,6 +42,14 @@ def quantize_model(model: nn.Module, method: QuantMethod) -> int:
     return len(targets)
 
 
+def bias_parameter(bias: torch.Tensor | None) -> nn.Parameter | None:
+    """A quantized layer's bias as a parameter (quantize_model hands over a plain tensor), so that
+    .to(device) moves it with the layer's buffers."""
+    if bias is None or isinstance(bias, nn.Parameter):
+        return bias
+    return nn.Parameter(bias, requires_grad=False)
+
+
 @functools.cache
 def triton_gemv_rows() -> int:
     """Rows up to which a quantized layer's CUDA step runs the W4A16 / W8A16 Triton kernels

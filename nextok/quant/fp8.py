@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from nextok.errors import NextokError
-from nextok.quant.base import QuantMethod
+from nextok.quant.base import QuantMethod, bias_parameter
 
 E4M3_MAX = 448.0
 MAX_K = 16384  # kernels/triton/fp8_quant.py quantizes rows of up to this many values in one pass
@@ -37,8 +37,7 @@ class FP8Linear(nn.Module):
         q, s = quantize_rows(weight)
         self.register_buffer("qweight", q)  # [out, in] e4m3
         self.register_buffer("scale", s.reshape(1, -1).contiguous())  # [1, out] float32
-        # a parameter, so that .to(device) moves it with the weights
-        self.bias = bias if bias is None or isinstance(bias, nn.Parameter) else nn.Parameter(bias, requires_grad=False)
+        self.bias = bias_parameter(bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

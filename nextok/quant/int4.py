@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from nextok.errors import NextokError
-from nextok.quant.base import QuantMethod, triton_gemv_rows
+from nextok.quant.base import QuantMethod, bias_parameter, triton_gemv_rows
 
 Q4_1 = 3  # ggml's type id for Q4_1 blocks
 
@@ -94,8 +94,7 @@ class Int4Linear(nn.Module):
         self.out_features, self.in_features = q.shape
         for name, t in (("qweight", pack_words(q)), ("scales", d), ("mins", m)):
             self.register_buffer(name, t)
-        # a parameter, so that .to(device) moves it with the weights
-        self.bias = bias if bias is None or isinstance(bias, nn.Parameter) else nn.Parameter(bias, requires_grad=False)
+        self.bias = bias_parameter(bias)
         group = self.in_features // d.shape[1]
         # the kernel's tiles take groups of a power of two (others: the torch path)
         self._kernel_ok = group >= 32 and group & (group - 1) == 0

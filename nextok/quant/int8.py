@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nextok.quant.base import QuantMethod, triton_gemv_rows
+from nextok.quant.base import QuantMethod, bias_parameter, triton_gemv_rows
 
 Q8_0 = 8  # ggml's type id for Q8_0 blocks
 
@@ -52,8 +52,7 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = q.shape
         self.register_buffer("qweight", q)
         self.register_buffer("scale", scale)
-        # a parameter, so that .to(device) moves it with the weights
-        self.bias = bias if bias is None or isinstance(bias, nn.Parameter) else nn.Parameter(bias, requires_grad=False)
+        self.bias = bias_parameter(bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and x.shape[0] <= triton_gemv_rows():
