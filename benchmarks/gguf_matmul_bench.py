@@ -1,6 +1,8 @@
 """Every weight matrix of a GGUF model (the default one, or --model FILE, e.g. a Q4_K_M file) once, as a
 decode step reads them: the GGUF block kernels (csrc/gguf_matmul.c, csrc/gguf_unpacked.c: weights
-kept as their blocks) with int8 and with float32 activations,
+kept as their blocks) with int8 and with float32 activations (int8: Q4_0 / Q4_1 / Q8_0 regrouped 16 rows
+at a time, csrc/gguf_rows16.c, where the CPU has AVX-512 VNNI; "int8 1-row" is gguf_matmul_q8, which
+reads them a weight row at a time, as every type did before),
 dequantized per call into a float32 scratch for oneDNN (--gguf-blocks-only past its row limit), and
 oneDNN on float32 and bfloat16 weights (the dense copy; what --dtype bfloat16 runs). Passes of the modes
 alternate, so a noisy neighbour hits them alike; /proc/loadavg is printed before and after.
@@ -11,7 +13,7 @@ import collections, sys, time, numpy as np, torch
 from nextok import hub
 from nextok.model.gguf import GGUFFile
 from nextok.model.gguf_format import dequantize
-from nextok.kernels.cpu_gguf_linear import BlockLinear, GGUFBlockLinear, supported_types, type_name
+from nextok.kernels.cpu_gguf_linear import BlockLinear, GGUFBlockLinear, load_gguf_matmul, supported_types, type_name
 from nextok.kernels.cpu_linear import PackedLinear
 from nextok.bench import common
 
@@ -22,7 +24,22 @@ args = [a for a in args if a != "--model"]
 rows_list = [int(a) for a in args] or [1, 2, 4, 8, 12, 16, 24, 32, 48]
 path = hub.resolve_model(model); g = GGUFFile(path)
 types = collections.Counter()
-modes = {"blocks int8": [], "blocks fp32": [], "dequant+fp32": [], "oneDNN fp32": [], "oneDNN bf16": []}
+modes = {"blocks int8": [], "int8 1-row": [], "blocks fp32": [], "dequant+fp32": [], "oneDNN fp32": [],
+         "oneDNN bf16": []}
+
+
+class RowAtATime:
+    """gguf_matmul_q8 on the blocks as the file has them (x [M, K] float32 -> [M, N])."""
+
+    def __init__(self, raw, type_id, n, k):
+        self.w, self.fn, self.type_id, self.n, self.k = torch.from_numpy(raw.copy()), load_gguf_matmul("int8", type_id), type_id, n, k
+
+    def __call__(self, x):
+        y = torch.empty(x.shape[0], self.n)
+        assert self.fn(x.data_ptr(), x.shape[0], self.k, self.w.data_ptr(), self.type_id, self.n, y.data_ptr(), 2) == 0
+        return y
+
+
 with open(path, "rb") as f:
     for name, info in g.tensor_infos.items():
         if info.type_id not in supported_types() or len(info.shape) != 2: continue
@@ -31,6 +48,7 @@ with open(path, "rb") as f:
         n, k = info.shape
         w = dequantize(raw.copy(), info.type_id, n * k).view(n, k)
         modes["blocks int8"].append((GGUFBlockLinear(raw, info.type_id, n, k, activations="int8"), k))
+        modes["int8 1-row"].append((RowAtATime(raw, info.type_id, n, k), k))
         modes["blocks fp32"].append((GGUFBlockLinear(raw, info.type_id, n, k, activations="float32"), k))
         # what --gguf-blocks-only runs past its row limit: dequantize into a scratch, oneDNN GEMM
         modes["dequant+fp32"].append((BlockLinear(modes["blocks fp32"][-1][0], max_rows=0), k))

@@ -21,6 +21,7 @@ other processes took during each measurement is recorded (shared machines).
 from __future__ import annotations
 
 import ast
+import hashlib
 import random
 import statistics
 import time
@@ -94,18 +95,21 @@ def _one(llm, ids: list[int], params) -> dict:
     t0 = time.perf_counter()
     eng.add_request(rid, ids, params, stream=True)
     first = done = None
-    tokens = 0
+    ids_out: list[int] = []
     while eng.has_unfinished_requests():
         for out in eng.step():
             if out.request_id != rid:
                 continue
-            tokens = len(out.outputs[0].token_ids) if out.outputs else 0
-            if first is None and tokens:
+            ids_out = list(out.outputs[0].token_ids) if out.outputs else []
+            if first is None and ids_out:
                 first = time.perf_counter() - t0
             if out.finished:
                 done = time.perf_counter() - t0
+    tokens = len(ids_out)
     tpot = (done - first) / (tokens - 1) if tokens > 1 else float("nan")
-    return {"ttft_s": first, "tpot_s": tpot, "e2e_s": done, "tokens": tokens}
+    # the output itself, hashed: "same tokens" compares what was written, not only how much
+    digest = hashlib.sha1(str(ids_out).encode()).hexdigest()[:16]
+    return {"ttft_s": first, "tpot_s": tpot, "e2e_s": done, "tokens": tokens, "output_sha1": digest}
 
 
 def run(args) -> int:
@@ -158,7 +162,7 @@ def run(args) -> int:
                 mean_accepted_per_step=d["accepted"] / d["steps"] if d["steps"] else 0.0,
                 # the accepted drafts and the target's own token
                 mean_emitted_per_step=(d["accepted"] + d["steps"]) / d["steps"] if d["steps"] else 0.0,
-                same_tokens=all(a["tokens"] == b["tokens"] for a, b in zip(runs["off"], runs[m])))
+                same_tokens=all(a["output_sha1"] == b["output_sha1"] for a, b in zip(runs["off"], runs[m])))
         result["workloads"][w] = {"num_prompts": len(cases), "summary": summary, "runs": runs,
                                   "cpu": meter.summary()}
         _print(w, summary, meter.summary())

@@ -57,6 +57,18 @@ INT8_BLOCKS_MAX_ROWS = 32
 # Beside a bfloat16 dense copy (oneDNN on AMX, flat ~18 ms for every row count above) the int8
 # blocks pay up to 8 rows (17.2 ms there, a tie).
 INT8_BF16_DENSE_MAX_ROWS = 8
+# Q4_0, Q4_1 and Q8_0 with int8 activations on AVX-512 VNNI: the blocks regrouped 16 weight rows
+# at a time at load (csrc/gguf_rows16.c), one vpdpbusd advancing 16 outputs. The same matrices,
+# same machine (2026-12-05, benchmarks/results/2026-12-05-gguf-rows16-cpu.txt), ms:
+#   rows                 1     2     4     8    16    24    32    48
+#   blocks int8 rows16  5.4   6.7   7.4   8.8  12.5  18.0  24.3  34.4
+#   blocks int8 (above) 5.6   7.8   9.1  15.5  29.3
+#   bf16 F.linear                         22.7  21.5  22.6  23.7  27.1   (AMX, not prepacked)
+# so they take steps of up to 16 rows beside a bfloat16 copy and 48 beside a float32 one (or
+# alone: dequantize + oneDNN is 85 ms at 48).
+ROWS16_TYPES = (2, 3, 8)
+ROWS16_DENSE_MAX_ROWS = 48
+ROWS16_BF16_DENSE_MAX_ROWS = 16
 ACTIVATIONS = ("int8", "float32")  # --gguf-activations
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
              ctypes.c_void_p, ctypes.c_int]
@@ -79,6 +91,26 @@ def _kernels(source: str) -> dict[str, object] | None:
             fns = {"float32": f32, "int8": q8, "dequant": deq}
         _libs[source] = fns
     return _libs[source]
+
+
+_rows16_lib: list = []
+
+
+def _rows16() -> dict[str, object] | None:
+    """{"pack", "matmul", "dequant"} of csrc/gguf_rows16.c where this CPU runs its int8 kernel
+    (AVX-512 VNNI), else None."""
+    if not _rows16_lib:
+        lib = cpu_build.load("gguf_rows16")
+        fns = None
+        if lib is not None and lib.gguf_rows16_ready() == 1:
+            pack, mm, deq = lib.gguf_rows16_pack, lib.gguf_rows16_matmul_q8, lib.gguf_rows16_dequant_f32
+            pack.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+            mm.argtypes, deq.argtypes = _ARGTYPES, _DEQUANT_ARGTYPES
+            for fn in (pack, mm, deq):
+                fn.restype = ctypes.c_int
+            fns = {"pack": pack, "matmul": mm, "dequant": deq}
+        _rows16_lib.append(fns)
+    return _rows16_lib[0]
 
 
 def load_gguf_matmul(activations: str = "float32", type_id: int = 3):
@@ -118,10 +150,17 @@ class _Segment:
         fns = _kernels(source)
         if fns is None:
             raise RuntimeError(f"the {source} kernel could not be built (no C compiler?)")
-        self.blocks = raw.reshape(rows, -1).contiguous()
-        self.ptr = self.blocks.data_ptr()  # self.blocks is never replaced
         self.type_id, self.start, self.rows = type_id, start, rows
         self.fn, self.dequant = fns[activations], fns["dequant"]
+        self.blocks = raw.reshape(rows, -1).contiguous()
+        rows16 = _rows16() if activations == "int8" and type_id in ROWS16_TYPES else None
+        self.rows16 = rows16 is not None
+        if rows16 is not None:  # regrouped: [ceil(rows / 16) * 16 * blocks per row * bytes] uint8
+            packed = torch.empty(-(-rows // 16) * 16 * (in_features // per_block) * nbytes, dtype=torch.uint8)
+            if rows16["pack"](self.blocks.data_ptr(), type_id, rows, in_features, packed.data_ptr()) != 0:
+                raise RuntimeError(f"regrouping {type_name(type_id)} blocks refused its arguments")
+            self.blocks, self.fn, self.dequant = packed, rows16["matmul"], rows16["dequant"]
+        self.ptr = self.blocks.data_ptr()  # self.blocks is never replaced
 
 
 def _as_bytes(blocks: np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -161,10 +200,13 @@ class GGUFBlockLinear:
         # float32: at most MAX_ROWS per call. *_max_rows: the steps the blocks should serve, with
         # a float32 dense copy beside them or as the only weights.
         int8 = activations == "int8"
+        rows16 = all(seg.rows16 for seg in self.segments)
         self.activations = activations
         self.rows_per_call = 1 << 30 if int8 else MAX_ROWS
-        self.dense_max_rows = INT8_DENSE_MAX_ROWS if int8 else MAX_ROWS
-        self.blocks_max_rows = INT8_BLOCKS_MAX_ROWS if int8 else MAX_ROWS
+        self.dense_max_rows = (ROWS16_DENSE_MAX_ROWS if rows16 else INT8_DENSE_MAX_ROWS) if int8 else MAX_ROWS
+        self.blocks_max_rows = (ROWS16_DENSE_MAX_ROWS if rows16 else INT8_BLOCKS_MAX_ROWS) if int8 else MAX_ROWS
+        # the rows up to which the blocks beat a bfloat16 dense copy (use_gguf_blocks)
+        self.bf16_dense_max_rows = ROWS16_BF16_DENSE_MAX_ROWS if rows16 else INT8_BF16_DENSE_MAX_ROWS
 
     @property
     def nbytes(self) -> int:
@@ -173,7 +215,8 @@ class GGUFBlockLinear:
 
     @property
     def blocks(self) -> torch.Tensor:
-        """The blocks of a one-type layer, [out, in / block * bytes] uint8."""
+        """The blocks of a one-type layer, [out, in / block * bytes] uint8 (regrouped 16 rows at a
+        time, flat, where the int8 kernel of csrc/gguf_rows16.c reads them)."""
         if len(self.segments) != 1:
             raise AttributeError("a layer of several block types has no single blocks tensor")
         return self.segments[0].blocks

@@ -145,11 +145,10 @@ class LlamaForCausalLM(nn.Module):
         steps; keep_dense=False drops its dense weights (bigger steps then dequantize the blocks).
         blocks: (HF name, ggml type, raw [rows, row bytes]); activations: the block kernel's,
         int8 or float32 (kernels/cpu_gguf_linear.py). Returns how many layers took them."""
-        from nextok.kernels.cpu_gguf_linear import (INT8_BF16_DENSE_MAX_ROWS, BlockLinear,
-                                                    BlockOrDenseLinear, GGUFBlockLinear)
+        from nextok.kernels.cpu_gguf_linear import BlockLinear, BlockOrDenseLinear, GGUFBlockLinear
 
         # bfloat16 dense layers (AMX) catch up with the blocks at fewer rows than float32 ones
-        dense_rows = INT8_BF16_DENSE_MAX_ROWS if self.embed_tokens.weight.dtype == torch.bfloat16 else None
+        bf16 = self.embed_tokens.weight.dtype == torch.bfloat16
 
         swapped = 0
         for module_name, parts in self._gguf_shards(blocks).items():
@@ -172,6 +171,7 @@ class LlamaForCausalLM(nn.Module):
                 dense.in_features, bias=None if bias is None else bias.detach(), activations=activations)
             parent_name, _, attr = module_name.rpartition(".")
             parent = self.get_submodule(parent_name) if parent_name else self
+            dense_rows = layer.bf16_dense_max_rows if bf16 else None
             setattr(parent, attr, BlockOrDenseLinear(dense, layer, dense_rows) if keep_dense
                     else BlockLinear(layer))
             swapped += 1

@@ -92,3 +92,16 @@ def test_seeded_sampling_with_speculation_repeats(make_llm):
     assert batched == alone == _tokens(spec.generate(prompts, params))
     assert spec.engine.spec_stats["steps"] > 0
     _assert_no_leak(spec)
+
+
+def test_bench_spec_compares_the_tokens_not_only_their_number(llm_f32):
+    """`nextok bench spec`'s "same tokens" is the outputs' digest: two greedy runs of one prompt
+    match; another prompt's output of the same length does not."""
+    from nextok.bench.spec import _one
+
+    sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    ids = llm_f32.get_tokenizer().encode("def fib(n):", add_special_tokens=False)
+    a, b = _one(llm_f32, ids, sp), _one(llm_f32, ids, sp)
+    other = _one(llm_f32, ids[:-1], sp)
+    assert a["tokens"] == b["tokens"] == other["tokens"] == 12
+    assert a["output_sha1"] == b["output_sha1"] != other["output_sha1"]

@@ -198,3 +198,44 @@ def test_restricted_builds_of_the_float32_kernels(name, tmp_path):
         x = torch.randn(7, k, generator=torch.Generator().manual_seed(type_id))
         y = run(x)
         assert all(torch.equal(run(x[i:i + 1].contiguous()), y[i:i + 1]) for i in range(7)), type_id
+
+
+# ---- Q4_0 / Q4_1 / Q8_0 regrouped 16 rows at a time (csrc/gguf_rows16.c) -------------------
+def _rows16_or_skip():
+    from nextok.kernels.cpu_gguf_linear import _rows16
+
+    if _rows16() is None:
+        pytest.skip("no AVX-512 VNNI: the int8 layers keep the one-row-at-a-time kernel")
+
+
+@pytest.mark.parametrize("type_id", [2, 3, 8])
+@pytest.mark.parametrize("n", [37, 64])  # 37: a last group of 5 rows, padded
+def test_rows16_layers_keep_the_weights_and_the_old_kernels_sums(type_id, n):
+    """The regrouped blocks dequantize to the loader's weights bit for bit, and the kernel gives
+    gguf_matmul_q8's results (the same integer dots and scales, summed in another order)."""
+    _rows16_or_skip()
+    k = 576
+    blocks = random_blocks(type_id, n, k, seed=n + type_id)
+    layer = GGUFBlockLinear(blocks, type_id, n, k, activations="int8")
+    assert layer.segments[0].rows16 and layer.dense_max_rows == 48 and layer.bf16_dense_max_rows == 16
+    assert torch.equal(layer.dequantize(), GGUFBlockLinear(blocks, type_id, n, k).dequantize())
+    old = load_gguf_matmul("int8", type_id)
+    w = torch.from_numpy(blocks.copy())
+    for rows in (1, 5, 16, 19):
+        x = activations(rows, k, seed=rows)
+        y_old = torch.empty(rows, n)
+        assert old(x.data_ptr(), rows, k, w.data_ptr(), type_id, n, y_old.data_ptr(), 2) == 0
+        y = layer(x)
+        assert (y - y_old).abs().max() <= 1e-5 * y_old.abs().max()
+
+
+@pytest.mark.parametrize("type_id", [2, 3, 8])
+def test_rows16_a_row_gives_the_same_result_in_any_batch(type_id):
+    """Speculation's verify rows and batched decoding must equal one row alone, bit for bit."""
+    _rows16_or_skip()
+    n, k = 45, 1536
+    layer = GGUFBlockLinear(random_blocks(type_id, n, k, seed=7), type_id, n, k, activations="int8")
+    x = torch.randn(21, k, generator=torch.Generator().manual_seed(8))
+    batch = layer(x)
+    assert all(torch.equal(layer(x[i:i + 1]), batch[i:i + 1]) for i in range(21))
+    assert torch.equal(layer(x[3:11]), batch[3:11])
