@@ -58,14 +58,16 @@ INT8_BLOCKS_MAX_ROWS = 32
 # blocks pay up to 8 rows (17.2 ms there, a tie).
 INT8_BF16_DENSE_MAX_ROWS = 8
 # Q4_0, Q4_1 and Q8_0 with int8 activations on AVX-512 VNNI: the blocks regrouped 16 weight rows
-# at a time at load (csrc/gguf_rows16.c), one vpdpbusd advancing 16 outputs. The same matrices,
-# same machine (2026-12-05, benchmarks/results/2026-12-05-gguf-rows16-cpu.txt), ms:
-#   rows                 1     2     4     8    16    24    32    48
-#   blocks int8 rows16  5.4   6.7   7.4   8.8  12.5  18.0  24.3  34.4
-#   blocks int8 (above) 5.6   7.8   9.1  15.5  29.3
-#   bf16 F.linear                         22.7  21.5  22.6  23.7  27.1   (AMX, not prepacked)
+# at a time at load (csrc/gguf_rows16.c), one vpdpbusd advancing 16 outputs. All the default
+# model's matrices, same machine, passes interleaved (2026-12-05,
+# benchmarks/results/2026-12-05-gguf-rows16-cpu.txt), ms:
+#   rows                  1     2     4     8    16    24    32    48
+#   int8, 16 rows         6.9   7.7   8.8  11.3  14.9  19.9  23.9  33.9
+#   int8, a row at a time 6.7   8.2  10.8  18.5  34.6  52.1  70.4 104.5   (gguf_matmul_q8)
+#   oneDNN bfloat16      18.0  18.1  18.2  18.5  18.8  21.3  21.0  21.9
+#   oneDNN float32       29.6  30.6  31.3  36.6  44.6  51.7  57.9  74.8
 # so they take steps of up to 16 rows beside a bfloat16 copy and 48 beside a float32 one (or
-# alone: dequantize + oneDNN is 85 ms at 48).
+# alone: dequantize + oneDNN float32 is 84 ms at 48).
 ROWS16_TYPES = (2, 3, 8)
 ROWS16_DENSE_MAX_ROWS = 48
 ROWS16_BF16_DENSE_MAX_ROWS = 16
