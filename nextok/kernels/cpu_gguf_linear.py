@@ -7,10 +7,14 @@ float32 weights are 6x (Q4_1) or 3.8x (Q8_0) the bytes of the blocks. Two kernel
     float32 weights, bit for bit) and multiplied into up to 8 rows of float32 activations at a
     time. A row's result depends only on that row, whatever the batch (the engine's invariants:
     batched == one at a time, speculation on == off).
-  int8 (--gguf-activations int8): each row of x is quantized per 32 values to int8 with a float
-    scale, as llama.cpp does, and each block's dot product is an integer one (VNNI); 2x faster at
-    one row, relative error ~1e-3 per layer output. Not batch-invariant: steps of more rows than
-    it takes go to the float32 weights, and on AVX-512 2+ rows sum in another order than 1.
+  int8 (--gguf-activations int8; `auto` on a bfloat16 model): each row of x is quantized per 32
+    values to int8 with a float scale, as llama.cpp does, and each block's dot product is an
+    integer one (VNNI); 1.5x faster at one row, relative error ~1e-3 per layer output. Q4_0, Q4_1
+    and Q8_0 on AVX-512 VNNI: the blocks regrouped 16 weight rows at a time at load
+    (csrc/gguf_rows16.c), so 8 rows cost 1.6x one row (2.8x read a row at a time), and a row's
+    result does not depend on the batch up to the row limit. Elsewhere (other types, AVX2) a
+    row at a time, where 2+ rows sum in another order than 1 on AVX-512. Steps of more rows than
+    the blocks take go to the dense weights.
 `BlockOrDenseLinear` puts them in the model: blocks for decode-sized steps (weight-read bound), the
 float32 layer for prefill (compute bound, where oneDNN's packed GEMM is faster than dequantizing
 every block per row group).
