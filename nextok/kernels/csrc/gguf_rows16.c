@@ -98,6 +98,7 @@ int gguf_rows16_dequant_f32(const uint8_t *p, int type, int n, int k, float *out
 #include <immintrin.h>
 
 #define ROWS_PER_PASS 16  /* rows of x per pass over the weights (accumulators in registers) */
+#define PREFETCH_BYTES 8192
 
 int gguf_rows16_ready(void) { return 1; }
 
@@ -128,8 +129,10 @@ static inline __attribute__((always_inline)) void group16(
     for (int r = 0; r < M; r++) acc[r] = _mm512_setzero_ps();
     const uint8_t *gb = p + (size_t)g * nb * 16 * bytes;
     for (int b = 0; b < nb; b++, gb += 16 * bytes) {
-        __builtin_prefetch(gb + 1024, 0, 0);
-        __builtin_prefetch(gb + 1024 + 64, 0, 0);
+        /* every line of the group-block PREFETCH_BYTES ahead, kept in the caches (prefetcht2):
+         * all the default model's Q4_1 matrices at 1 row 2.7 -> 2.0 ms against two lines 1 KB
+         * ahead non-temporally (2 KB ahead: 3.3; 16 KB: the same as 8) */
+        for (int e = 0; e < 16 * bytes; e += 64) __builtin_prefetch(gb + PREFETCH_BYTES + e, 0, 1);
         __m512 d, m = _mm512_setzero_ps();
         __m512i wq[8];  /* wq[j], lane i: row i's weights 4j .. 4j + 3 as unsigned bytes */
         if (type == Q4_1) {
