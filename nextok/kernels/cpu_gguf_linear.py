@@ -9,9 +9,9 @@ float32 weights are 6x (Q4_1) or 3.8x (Q8_0) the bytes of the blocks. Two kernel
     batched == one at a time, speculation on == off).
   int8 (--gguf-activations int8; `auto` on a bfloat16 model): each row of x is quantized per 32
     values to int8 with a float scale, as llama.cpp does, and each block's dot product is an
-    integer one (VNNI); 1.5x faster at one row, relative error ~1e-3 per layer output. Q4_0, Q4_1
+    integer one (VNNI); ~2x faster at one row, relative error ~1e-3 per layer output. Q4_0, Q4_1
     and Q8_0 on AVX-512 VNNI: the blocks regrouped 16 weight rows at a time at load
-    (csrc/gguf_rows16.c), so 8 rows cost 1.6x one row (2.8x read a row at a time), and a row's
+    (csrc/gguf_rows16.c), so 8 rows cost 1.4x one row (2.6x read a row at a time), and a row's
     result does not depend on the batch up to the row limit. Elsewhere (other types, AVX2) a
     row at a time, where 2+ rows sum in another order than 1 on AVX-512. Steps of more rows than
     the blocks take go to the dense weights.
@@ -63,18 +63,18 @@ INT8_BLOCKS_MAX_ROWS = 32
 INT8_BF16_DENSE_MAX_ROWS = 8
 # Q4_0, Q4_1 and Q8_0 with int8 activations on AVX-512 VNNI: the blocks regrouped 16 weight rows
 # at a time at load (csrc/gguf_rows16.c), one vpdpbusd advancing 16 outputs. All the default
-# model's matrices, same machine, passes interleaved (2026-12-05,
+# model's matrices through these layers, same machine, passes interleaved (2026-12-05,
 # benchmarks/results/2026-12-05-gguf-rows16-cpu.txt), ms:
 #   rows                  1     2     4     8    16    24    32    48
-#   int8, 16 rows         6.9   7.7   8.8  11.3  14.9  19.9  23.9  33.9
-#   int8, a row at a time 6.7   8.2  10.8  18.5  34.6  52.1  70.4 104.5   (gguf_matmul_q8)
-#   oneDNN bfloat16      18.0  18.1  18.2  18.5  18.8  21.3  21.0  21.9
-#   oneDNN float32       29.6  30.6  31.3  36.6  44.6  51.7  57.9  74.8
-# so they take steps of up to 16 rows beside a bfloat16 copy and 48 beside a float32 one (or
-# alone: dequantize + oneDNN float32 is 84 ms at 48).
+#   int8, 16 rows         5.4   5.5   6.0   7.4  10.4  15.4  17.7  27.4
+#   int8, a row at a time 6.3   7.7   9.7  16.4  31.2  49.7  64.3  97.2   (gguf_matmul_q8, direct)
+#   oneDNN bfloat16      16.7  16.5  16.5  16.7  17.2  19.3  19.6  20.2
+#   oneDNN float32       27.3  27.9  28.4  33.7  40.1  49.0  55.0  72.5
+# so they take steps of up to 32 rows beside a bfloat16 copy and 48 beside a float32 one (or
+# alone: dequantize + oneDNN float32 is 80 ms at 48).
 ROWS16_TYPES = (2, 3, 8)
 ROWS16_DENSE_MAX_ROWS = 48
-ROWS16_BF16_DENSE_MAX_ROWS = 16
+ROWS16_BF16_DENSE_MAX_ROWS = 32
 ACTIVATIONS = ("int8", "float32")  # --gguf-activations
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
              ctypes.c_void_p, ctypes.c_int]
