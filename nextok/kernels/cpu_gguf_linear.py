@@ -70,11 +70,15 @@ INT8_BF16_DENSE_MAX_ROWS = 8
 #   int8, a row at a time 6.3   7.7   9.7  16.4  31.2  49.7  64.3  97.2   (gguf_matmul_q8, direct)
 #   oneDNN bfloat16      16.7  16.5  16.5  16.7  17.2  19.3  19.6  20.2
 #   oneDNN float32       27.3  27.9  28.4  33.7  40.1  49.0  55.0  72.5
-# so they take steps of up to 32 rows beside a bfloat16 copy and 48 beside a float32 one (or
-# alone: dequantize + oneDNN float32 is 80 ms at 48).
+# so they take steps of up to 48 rows beside a float32 copy (or alone: dequantize + oneDNN
+# float32 is 80 ms at 48), and of up to 16 beside a bfloat16 one: in the engine, 32 requests of
+# 128 -> 128 tokens on the bf16 model took 6.76 s with the blocks taking 32-row steps, 6.53 s at
+# 16, 6.56 at 8 and 6.57 s without blocks (3 interleaved rounds; a server comparison at 32 read
+# 0.93x, benchmarks/results/2026-12-05-compare-bf16-blocks-vs-bf16-dense-c32-rows16.md): beyond
+# the matrices, a blocks step converts x to float32 and back and quantizes x on one thread.
 ROWS16_TYPES = (2, 3, 8)
 ROWS16_DENSE_MAX_ROWS = 48
-ROWS16_BF16_DENSE_MAX_ROWS = 32
+ROWS16_BF16_DENSE_MAX_ROWS = 16
 ACTIVATIONS = ("int8", "float32")  # --gguf-activations
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
              ctypes.c_void_p, ctypes.c_int]

@@ -217,7 +217,7 @@ def test_rows16_layers_keep_the_weights_and_the_old_kernels_sums(type_id, n):
     k = 576
     blocks = random_blocks(type_id, n, k, seed=n + type_id)
     layer = GGUFBlockLinear(blocks, type_id, n, k, activations="int8")
-    assert layer.segments[0].rows16 and layer.dense_max_rows == 48 and layer.bf16_dense_max_rows == 32
+    assert layer.segments[0].rows16 and layer.dense_max_rows == 48 and layer.bf16_dense_max_rows == 16
     assert torch.equal(layer.dequantize(), GGUFBlockLinear(blocks, type_id, n, k).dequantize())
     old = load_gguf_matmul("int8", type_id)
     w = torch.from_numpy(blocks.copy())
