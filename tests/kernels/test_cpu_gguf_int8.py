@@ -239,3 +239,22 @@ def test_rows16_a_row_gives_the_same_result_in_any_batch(type_id):
     batch = layer(x)
     assert all(torch.equal(layer(x[i:i + 1]), batch[i:i + 1]) for i in range(21))
     assert torch.equal(layer(x[3:11]), batch[3:11])
+
+
+@pytest.mark.parametrize("name", ["avx2", "portable"])
+def test_rows16_builds_without_avx512_vnni_and_says_so(name, tmp_path):
+    """Where the regrouped kernel cannot run, its source still builds, reports it (the layers then
+    keep the blocks as they are), and its regrouping and dequantization are plain C."""
+    lib = build_restricted(name, tmp_path, "gguf_rows16")
+    assert lib.gguf_rows16_ready() == 0
+    for type_id in (2, 3, 8):
+        n, k = 21, 128
+        blocks = random_blocks(type_id, n, k, seed=type_id)
+        per_block = BLOCK_TYPES[type_id][1]
+        packed = torch.empty(32 * (k // 32) * per_block, dtype=torch.uint8)
+        w = torch.from_numpy(blocks.copy())
+        assert lib.gguf_rows16_pack(ctypes.c_void_p(w.data_ptr()), type_id, n, k, ctypes.c_void_p(packed.data_ptr())) == 0
+        out = torch.empty(n, k)
+        assert lib.gguf_rows16_dequant_f32(ctypes.c_void_p(packed.data_ptr()), type_id, n, k,
+                                           ctypes.c_void_p(out.data_ptr()), 2) == 0
+        assert torch.equal(out, dequantized(blocks, type_id, n, k))
