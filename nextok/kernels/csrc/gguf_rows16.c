@@ -155,9 +155,9 @@ static inline __attribute__((always_inline)) void group16(
         for (int r = 0; r < M; r++) {
             const size_t at = (size_t)(r0 + r) * nb + b;
             const int8_t *xr = xq + at * 32;
-            /* 4 bytes of x broadcast straight from memory (a load, not a register move and a
-             * shuffle: ~0.4 -> ? ms per added row of x over all the default model's matrices);
-             * two chains (even and odd groups of 4), added as integers: exact either way */
+            /* 4 bytes of x broadcast straight from memory (a load; gcc had moved them through a
+             * general register and broadcast that, a shuffle-port op per vpdpbusd); two chains
+             * (even and odd groups of 4), added as integers: exact either way */
 #define XB(j) _mm512_broadcastd_epi32(_mm_loadu_si32(xr + 4 * (j)))
             __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[0], XB(0));
             __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[1], XB(1));
