@@ -71,14 +71,16 @@ INT8_BF16_DENSE_MAX_ROWS = 8
 #   oneDNN bfloat16      16.7  16.5  16.5  16.7  17.2  19.3  19.6  20.2
 #   oneDNN float32       27.3  27.9  28.4  33.7  40.1  49.0  55.0  72.5
 # so they take steps of up to 48 rows beside a float32 copy (or alone: dequantize + oneDNN
-# float32 is 80 ms at 48), and of up to 16 beside a bfloat16 one: in the engine, 32 requests of
-# 128 -> 128 tokens on the bf16 model took 6.76 s with the blocks taking 32-row steps, 6.53 s at
-# 16, 6.56 at 8 and 6.57 s without blocks (3 interleaved rounds; a server comparison at 32 read
-# 0.93x, benchmarks/results/2026-12-05-compare-bf16-blocks-vs-bf16-dense-c32-rows16.md): beyond
-# the matrices, a blocks step converts x to float32 and back and quantizes x on one thread.
+# float32 is 80 ms at 48), and of up to 32 beside a bfloat16 one, which they take in bfloat16 and
+# give back in bfloat16 (BlockOrDenseLinear): in the engine, 32 requests of 128 -> 128 tokens on
+# the bf16 model took 6.37 s with 32-row steps on the blocks, 6.62 at 16 and 6.66 s without
+# blocks (3 interleaved rounds). Before the bf16 call (x converted to float32 and back around
+# each block call, x quantized on one thread) 32-row steps on the blocks were 3 % slower than
+# none (6.76 vs 6.57 s; a server comparison read 0.93x,
+# benchmarks/results/2026-12-05-compare-bf16-blocks-vs-bf16-dense-c32-rows16.md).
 ROWS16_TYPES = (2, 3, 8)
 ROWS16_DENSE_MAX_ROWS = 48
-ROWS16_BF16_DENSE_MAX_ROWS = 16
+ROWS16_BF16_DENSE_MAX_ROWS = 32
 ACTIVATIONS = ("int8", "float32")  # --gguf-activations
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
              ctypes.c_void_p, ctypes.c_int]
@@ -114,11 +116,12 @@ def _rows16() -> dict[str, object] | None:
         fns = None
         if lib is not None and lib.gguf_rows16_ready() == 1:
             pack, mm, deq = lib.gguf_rows16_pack, lib.gguf_rows16_matmul_q8, lib.gguf_rows16_dequant_f32
+            mm16 = lib.gguf_rows16_matmul_q8_bf16
             pack.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-            mm.argtypes, deq.argtypes = _ARGTYPES, _DEQUANT_ARGTYPES
-            for fn in (pack, mm, deq):
+            mm.argtypes, mm16.argtypes, deq.argtypes = _ARGTYPES, _ARGTYPES, _DEQUANT_ARGTYPES
+            for fn in (pack, mm, mm16, deq):
                 fn.restype = ctypes.c_int
-            fns = {"pack": pack, "matmul": mm, "dequant": deq}
+            fns = {"pack": pack, "matmul": mm, "matmul_bf16": mm16, "dequant": deq}
         _rows16_lib.append(fns)
     return _rows16_lib[0]
 
@@ -170,6 +173,7 @@ class _Segment:
             if rows16["pack"](self.blocks.data_ptr(), type_id, rows, in_features, packed.data_ptr()) != 0:
                 raise RuntimeError(f"regrouping {type_name(type_id)} blocks refused its arguments")
             self.blocks, self.fn, self.dequant = packed, rows16["matmul"], rows16["dequant"]
+            self.fn_bf16 = rows16["matmul_bf16"]
         self.ptr = self.blocks.data_ptr()  # self.blocks is never replaced
 
 
@@ -255,6 +259,24 @@ class GGUFBlockLinear:
                 y[:, seg.start:seg.start + seg.rows] = out
         return y if self.bias is None else y + self.bias
 
+    def bf16_call(self) -> "callable | None":
+        """x [T, in] bfloat16 -> [T, out] bfloat16 in one kernel call (the same values as
+        self(x.float()).to(bfloat16)), for a one-part regrouped layer without bias; else None."""
+        if len(self.segments) != 1 or not self.segments[0].rows16 or self.bias is not None:
+            return None
+        seg, k, n = self.segments[0], self.in_features, self.out_features
+
+        def call(x: torch.Tensor) -> torch.Tensor:
+            x = x.contiguous()
+            y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
+            rc = seg.fn_bf16(x.data_ptr(), x.shape[0], k, seg.ptr, seg.type_id, n, y.data_ptr(),
+                             torch.get_num_threads())
+            if rc != 0:
+                raise RuntimeError(f"the {type_name(seg.type_id)} block kernel (int8, bfloat16) refused its arguments ({rc})")
+            return y
+
+        return call
+
     def dequantize(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The float32 weight [out, in] (into `out` if given, e.g. a reused scratch matrix)."""
         if out is None:
@@ -313,6 +335,9 @@ class BlockOrDenseLinear(nn.Module):
         self.dense, self.blocks = dense, blocks
         self.max_rows = blocks.dense_max_rows if max_rows is None else max_rows
         self.in_features, self.out_features = dense.in_features, dense.out_features
+        # bfloat16 in and out of the regrouped int8 kernel, without the float32 copies around it
+        # (~0.3 ms of a one-token bf16 step on the default model, 121 calls)
+        self._bf16_call = blocks.bf16_call()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.max_rows:
@@ -321,6 +346,8 @@ class BlockOrDenseLinear(nn.Module):
             return self.dense.forward(x)
         if x.dtype == torch.float32:
             return self.blocks(x)
+        if x.dtype == torch.bfloat16 and self._bf16_call is not None:
+            return self._bf16_call(x)
         return self.blocks(x.float()).to(x.dtype)  # bfloat16 model: the kernels take float32
 
     # Called straight, not through nn.Module.__call__ (no hooks are ever set on it): the module

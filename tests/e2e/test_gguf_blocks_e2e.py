@@ -87,9 +87,9 @@ def test_bad_activations_are_refused(model_path):
         LLM(model=model_path, gguf_activations="int4")
 
 
-def test_bfloat16_model_reads_int8_blocks_up_to_16_rows_and_parts_only_at_near_ties(model_path):
+def test_bfloat16_model_reads_int8_blocks_up_to_32_rows_and_parts_only_at_near_ties(model_path):
     """On a bfloat16 model `auto` picks int8 block activations beside the bf16 dense layers,
-    which take steps of more than 16 rows (8 where the blocks are read a row at a time, without
+    which take steps of more than 32 rows (8 where the blocks are read a row at a time, without
     AVX-512 VNNI); greedy output leaves the dense bf16 model's only at near-ties."""
     from nextok.kernels.cpu_gguf_linear import _rows16
 
@@ -99,7 +99,7 @@ def test_bfloat16_model_reads_int8_blocks_up_to_16_rows_and_parts_only_at_near_t
     dense = LLM(model=model_path, dtype="bfloat16", gguf_blocks=False, kv_cache_memory=64 << 20)
     layers = [m for m in blocks.engine.runner.model.modules() if isinstance(m, BlockOrDenseLinear)]
     assert len(layers) == 30 * 4 + 1
-    rows = 16 if _rows16() is not None else 8
+    rows = 32 if _rows16() is not None else 8
     assert all(m.blocks.activations == "int8" and m.max_rows == rows for m in layers)
     ref = generate(dense, PROMPTS[:6], max_tokens=16, logprobs=5)
     assert_partings_are_near_ties(ref, generate(blocks, PROMPTS[:6], max_tokens=16))

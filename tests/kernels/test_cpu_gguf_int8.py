@@ -217,7 +217,7 @@ def test_rows16_layers_keep_the_weights_and_the_old_kernels_sums(type_id, n):
     k = 576
     blocks = random_blocks(type_id, n, k, seed=n + type_id)
     layer = GGUFBlockLinear(blocks, type_id, n, k, activations="int8")
-    assert layer.segments[0].rows16 and layer.dense_max_rows == 48 and layer.bf16_dense_max_rows == 16
+    assert layer.segments[0].rows16 and layer.dense_max_rows == 48 and layer.bf16_dense_max_rows == 32
     assert torch.equal(layer.dequantize(), GGUFBlockLinear(blocks, type_id, n, k).dequantize())
     old = load_gguf_matmul("int8", type_id)
     w = torch.from_numpy(blocks.copy())
@@ -258,3 +258,21 @@ def test_rows16_builds_without_avx512_vnni_and_says_so(name, tmp_path):
         assert lib.gguf_rows16_dequant_f32(ctypes.c_void_p(packed.data_ptr()), type_id, n, k,
                                            ctypes.c_void_p(out.data_ptr()), 2) == 0
         assert torch.equal(out, dequantized(blocks, type_id, n, k))
+
+
+@pytest.mark.parametrize("type_id", [2, 3, 8])
+def test_rows16_bfloat16_call_equals_converting_around_the_float32_one(type_id):
+    """A bfloat16 model's blocks take bf16 x and give bf16 y in one call: bit for bit what
+    x.float() -> the float32 call -> .to(bfloat16) gives."""
+    _rows16_or_skip()
+    n, k = 37, 576
+    layer = GGUFBlockLinear(random_blocks(type_id, n, k, seed=11), type_id, n, k, activations="int8")
+    call = layer.bf16_call()
+    assert call is not None
+    x = (torch.randn(13, k, generator=torch.Generator().manual_seed(12)) * 3).bfloat16()
+    want = layer(x.float()).bfloat16()
+    assert torch.equal(call(x), want)
+    assert torch.equal(call(x[4:5]), want[4:5])
+    biased = GGUFBlockLinear(random_blocks(type_id, n, k, seed=11), type_id, n, k, bias=torch.ones(n),
+                             activations="int8")
+    assert biased.bf16_call() is None  # the bias is added in float32: the converting path

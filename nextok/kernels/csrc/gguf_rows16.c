@@ -104,9 +104,17 @@ int gguf_rows16_ready(void) { return 1; }
 
 /* quantize_x_block (gguf_common.h) on 16-wide registers, the same results: d = max|x| / 127,
  * q = x * (1 / d) rounded half to even (the default rounding mode, as nearbyintf). The scalar
- * loop cost ~40 ns a block, a few percent of a step at 8 rows. Returns sum(q). */
-static inline int quantize_block16(const float *xp, int8_t *qp, float *d_out) {
-    const __m512 x0 = _mm512_loadu_ps(xp), x1 = _mm512_loadu_ps(xp + 16);
+ * loop cost ~40 ns a block, a few percent of a step at 8 rows. x: 32 float32, or 32 bfloat16
+ * (raw bits) widened exactly, so a bfloat16 x quantizes as its float32 copy would. Returns sum(q). */
+static inline int quantize_block16(const void *x, int bf16, int8_t *qp, float *d_out) {
+    __m512 x0, x1;
+    if (bf16) {
+        const uint16_t *h = x;
+        x0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)h)), 16));
+        x1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(h + 16))), 16));
+    } else {
+        x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps((const float *)x + 16);
+    }
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
     const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
     const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));
@@ -121,7 +129,7 @@ static inline int quantize_block16(const float *xp, int8_t *qp, float *d_out) {
  * constant at each call site; outputs past N are not stored. */
 static inline __attribute__((always_inline)) void group16(
         const int8_t *xq, const float *xd, const float *xs, const int *sq, int k,
-        const uint8_t *p, const int type, int n, float *y, int g, int r0, const int M) {
+        const uint8_t *p, const int type, int n, void *y, int y_bf16, int g, int r0, const int M) {
     const int nb = k / 32, bytes = block_bytes_of(type), head = type == Q4_1 ? 64 : 32;
     const int n0 = g * 16, rows = n - n0 < 16 ? n - n0 : 16;
     const __m512i low4 = _mm512_set1_epi32(0x0f0f0f0f);
@@ -173,17 +181,28 @@ static inline __attribute__((always_inline)) void group16(
         }
     }
     const __mmask16 live = (__mmask16)((1u << rows) - 1u);
-    for (int r = 0; r < M; r++) _mm512_mask_storeu_ps(y + (size_t)(r0 + r) * n + n0, live, acc[r]);
+    for (int r = 0; r < M; r++) {
+        const size_t at = (size_t)(r0 + r) * n + n0;
+        if (!y_bf16) {
+            _mm512_mask_storeu_ps((float *)y + at, live, acc[r]);
+            continue;
+        }
+        /* rounded to nearest even, as torch's .to(bfloat16) of the float32 result */
+        const __m512i u = _mm512_castps_si512(acc[r]);
+        const __m512i rne = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                             _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+        _mm256_mask_storeu_epi16((uint16_t *)y + at, live, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rne, 16)));
+    }
 }
 
 static inline __attribute__((always_inline)) void groups_typed(
         const int8_t *xq, const float *xd, const float *xs, const int *sq, int m_rows, int k,
-        const uint8_t *p, const int type, int n, float *y, int g0, int g1) {
+        const uint8_t *p, const int type, int n, void *y, int y_bf16, int g0, int g1) {
     for (int g = g0; g < g1; g++)
         for (int r0 = 0; r0 < m_rows; r0 += ROWS_PER_PASS) {
             const int M = m_rows - r0 < ROWS_PER_PASS ? m_rows - r0 : ROWS_PER_PASS;
             switch (M) {
-#define G16(MM) group16(xq, xd, xs, sq, k, p, type, n, y, g, r0, MM); break
+#define G16(MM) group16(xq, xd, xs, sq, k, p, type, n, y, y_bf16, g, r0, MM); break
             case 1: G16(1); case 2: G16(2); case 3: G16(3); case 4: G16(4);
             case 5: G16(5); case 6: G16(6); case 7: G16(7); case 8: G16(8);
             case 9: G16(9); case 10: G16(10); case 11: G16(11); case 12: G16(12);
@@ -193,10 +212,13 @@ static inline __attribute__((always_inline)) void groups_typed(
         }
 }
 
-/* y [M, N] = x [M, K] @ W^T, W regrouped by gguf_rows16_pack. Returns 0; 1 for an unsupported
- * type or K not a multiple of 32; 2 if scratch memory could not be had. */
-int gguf_rows16_matmul_q8(const float *x, int m_rows, int k, const uint8_t *p, int type, int n,
-                          float *y, int num_threads) {
+/* y [M, N] = x [M, K] @ W^T, W regrouped by gguf_rows16_pack; x and y float32, or bfloat16
+ * (raw bits: x widened exactly, y rounded to nearest even, the same values as converting around
+ * the float32 call, without the two conversions). x is quantized by all threads, then each takes
+ * a share of the groups. Returns 0; 1 for an unsupported type or K not a multiple of 32; 2 if
+ * scratch memory could not be had. */
+static int rows16_matmul(const void *x, int x_bf16, int m_rows, int k, const uint8_t *p, int type,
+                         int n, void *y, int y_bf16, int num_threads) {
     if (!block_bytes_of(type) || k % 32 || m_rows < 1 || n < 1) return 1;
     const int nb = k / 32;
     const size_t nq = (size_t)m_rows * k, ns = (size_t)m_rows * nb;
@@ -207,27 +229,44 @@ int gguf_rows16_matmul_q8(const float *x, int m_rows, int k, const uint8_t *p, i
     int8_t *xq = (int8_t *)scratch;
     float *xd = (float *)(scratch + at), *xs = xd + ns;
     int *sq = (int *)(xs + ns);
-    for (size_t i = 0; i < ns; i++) {
-        sq[i] = quantize_block16(x + i * 32, xq + i * 32, &xd[i]);
-        xs[i] = xd[i] * (float)sq[i];
-    }
     const int ng = (n + 15) / 16;
 #pragma omp parallel num_threads(num_threads)
     {
+#pragma omp for schedule(static)
+        for (size_t i = 0; i < ns; i++) {
+            const void *xb = x_bf16 ? (const void *)((const uint16_t *)x + i * 32) : (const void *)((const float *)x + i * 32);
+            sq[i] = quantize_block16(xb, x_bf16, xq + i * 32, &xd[i]);
+            xs[i] = xd[i] * (float)sq[i];
+        }  /* (the loop's barrier: every block quantized before any group reads it) */
         const int nt = omp_get_num_threads(), t = omp_get_thread_num();
         const int g0 = (int)((long)ng * t / nt), g1 = (int)((long)ng * (t + 1) / nt);
-        if (type == Q4_1) groups_typed(xq, xd, xs, sq, m_rows, k, p, Q4_1, n, y, g0, g1);
-        else if (type == Q8_0) groups_typed(xq, xd, xs, sq, m_rows, k, p, Q8_0, n, y, g0, g1);
-        else groups_typed(xq, xd, xs, sq, m_rows, k, p, Q4_0, n, y, g0, g1);
+        if (type == Q4_1) groups_typed(xq, xd, xs, sq, m_rows, k, p, Q4_1, n, y, y_bf16, g0, g1);
+        else if (type == Q8_0) groups_typed(xq, xd, xs, sq, m_rows, k, p, Q8_0, n, y, y_bf16, g0, g1);
+        else groups_typed(xq, xd, xs, sq, m_rows, k, p, Q4_0, n, y, y_bf16, g0, g1);
     }
     free(scratch);
     return 0;
+}
+
+int gguf_rows16_matmul_q8(const float *x, int m_rows, int k, const uint8_t *p, int type, int n,
+                          float *y, int num_threads) {
+    return rows16_matmul(x, 0, m_rows, k, p, type, n, y, 0, num_threads);
+}
+
+int gguf_rows16_matmul_q8_bf16(const uint16_t *x, int m_rows, int k, const uint8_t *p, int type,
+                               int n, uint16_t *y, int num_threads) {
+    return rows16_matmul(x, 1, m_rows, k, p, type, n, y, 1, num_threads);
 }
 #else
 int gguf_rows16_ready(void) { return 0; }
 
 int gguf_rows16_matmul_q8(const float *x, int m_rows, int k, const uint8_t *p, int type, int n,
                           float *y, int num_threads) {
+    return 1;
+}
+
+int gguf_rows16_matmul_q8_bf16(const uint16_t *x, int m_rows, int k, const uint8_t *p, int type,
+                               int n, uint16_t *y, int num_threads) {
     return 1;
 }
 #endif
