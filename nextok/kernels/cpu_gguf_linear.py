@@ -22,6 +22,7 @@ every block per row group).
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -259,7 +260,7 @@ class GGUFBlockLinear:
                 y[:, seg.start:seg.start + seg.rows] = out
         return y if self.bias is None else y + self.bias
 
-    def bf16_call(self) -> "callable | None":
+    def bf16_call(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """x [T, in] bfloat16 -> [T, out] bfloat16 in one kernel call (the same values as
         self(x.float()).to(bfloat16)), for a one-part regrouped layer without bias; else None."""
         if len(self.segments) != 1 or not self.segments[0].rows16 or self.bias is not None:

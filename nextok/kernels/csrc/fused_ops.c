@@ -12,6 +12,7 @@
  * Rows are split over threads only when a step has enough of them to pay for waking them.
  */
 #include <math.h>
+#include <string.h>
 #include <stddef.h>
 #include <stdint.h>
 

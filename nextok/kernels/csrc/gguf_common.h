@@ -14,6 +14,14 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
 
 #define MAX_ROWS 8  /* rows of x per float32-kernel call: the accumulators stay in registers */
 
+/* The 32-weight block types (ggml type ids) and their bytes per block; 0 for any other type. */
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8 };
+
+static inline int block_bytes_of(int type) {
+    return type == Q4_0 ? 18 : type == Q4_1 ? 20 : type == Q5_0 ? 22 : type == Q5_1 ? 24
+         : type == Q8_0 ? 34 : 0;
+}
+
 static inline float hsum(v8 v) {
     return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }

@@ -25,12 +25,6 @@
  * machine, same day; 32 ahead: 11.9, 256: 8.0). The float32 kernel gained nothing from it. */
 #define PREFETCH_BLOCKS_Q8 128
 #define PREFETCH_Q8(p) __builtin_prefetch(p, 0, 1)
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8 };
-
-static inline int block_bytes_of(int type) {
-    return type == Q4_0 ? 18 : type == Q4_1 ? 20 : type == Q5_0 ? 22 : type == Q5_1 ? 24
-         : type == Q8_0 ? 34 : 0;
-}
 
 /* Q4_0, Q4_1, Q5_0, Q5_1 all run as w = d * q + m, q unsigned: Q4_0 (d * (q - 8)) with m = -8 d,
  * Q5_0 (d * (q - 16)) with m = -16 d; d * q + m is then exact, as d * (q - 8) is. */

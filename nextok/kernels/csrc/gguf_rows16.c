@@ -30,16 +30,15 @@
  */
 #include "gguf_common.h"
 
-enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
-
-static inline int block_bytes_of(int type) {
-    return type == Q4_0 ? 18 : type == Q4_1 ? 20 : type == Q8_0 ? 34 : 0;
+/* the types this file regroups (block_bytes_of: gguf_common.h) */
+static inline int rows16_bytes(int type) {
+    return type == Q4_0 || type == Q4_1 || type == Q8_0 ? block_bytes_of(type) : 0;
 }
 
 /* w [N, K / 32] blocks -> out, regrouped (above): ceil(N / 16) * 16 * K / 32 blocks' bytes.
  * Returns 0, or 1 for an unsupported type or K not a multiple of 32. */
 int gguf_rows16_pack(const uint8_t *w, int type, int n, int k, uint8_t *out) {
-    const int bytes = block_bytes_of(type);
+    const int bytes = rows16_bytes(type);
     if (!bytes || k % 32 || n < 1) return 1;
     const int nb = k / 32, ng = (n + 15) / 16;
     const int words = type == Q8_0 ? 8 : 4, head = type == Q4_1 ? 64 : 32;
@@ -65,7 +64,7 @@ int gguf_rows16_pack(const uint8_t *w, int type, int n, int k, uint8_t *out) {
 /* The float32 weights [N, K] of a regrouped matrix, the same values as the loader's
  * dequantization (d * q + m is exact before its one rounding). Returns 0, or 1 as above. */
 int gguf_rows16_dequant_f32(const uint8_t *p, int type, int n, int k, float *out, int num_threads) {
-    const int bytes = block_bytes_of(type);
+    const int bytes = rows16_bytes(type);
     if (!bytes || k % 32 || n < 1) return 1;
     const int nb = k / 32, head = type == Q4_1 ? 64 : 32;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
@@ -130,7 +129,7 @@ static inline int quantize_block16(const void *x, int bf16, int8_t *qp, float *d
 static inline __attribute__((always_inline)) void group16(
         const int8_t *xq, const float *xd, const float *xs, const int *sq, int k,
         const uint8_t *p, const int type, int n, void *y, int y_bf16, int g, int r0, const int M) {
-    const int nb = k / 32, bytes = block_bytes_of(type), head = type == Q4_1 ? 64 : 32;
+    const int nb = k / 32, bytes = rows16_bytes(type), head = type == Q4_1 ? 64 : 32;
     const int n0 = g * 16, rows = n - n0 < 16 ? n - n0 : 16;
     const __m512i low4 = _mm512_set1_epi32(0x0f0f0f0f);
     __m512 acc[ROWS_PER_PASS];
@@ -219,7 +218,7 @@ static inline __attribute__((always_inline)) void groups_typed(
  * scratch memory could not be had. */
 static int rows16_matmul(const void *x, int x_bf16, int m_rows, int k, const uint8_t *p, int type,
                          int n, void *y, int y_bf16, int num_threads) {
-    if (!block_bytes_of(type) || k % 32 || m_rows < 1 || n < 1) return 1;
+    if (!rows16_bytes(type) || k % 32 || m_rows < 1 || n < 1) return 1;
     const int nb = k / 32;
     const size_t nq = (size_t)m_rows * k, ns = (size_t)m_rows * nb;
     /* xq | xd | xs | sq, quantized once here and read by every thread */

@@ -177,16 +177,6 @@ static inline __m512 hsum16(const __m512 v[16]) {
                          _mm512_shuffle_f32x4(c0, c1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* one_group for float32 on 16-wide registers, D = 16 * C and G heads a KV head, both compile-time
- * constants (the call sites below). Scores 16 keys at a time: each key's C-FMA partial dot
- * product per head, then one transposing sum (hsum16) gives the 16 scores as a vector; the 16
- * keys' rows stay in L1 for the G heads. The weighted sum of values keeps the G output rows in
- * registers for the whole pass, each V row loaded once for all G heads. A verify step's rows
- * each run this, so it is most of what a draft row adds to attention. The softmax is one_group's
- * (exp_sub_sum), in the same order. bfloat16 caches run it too, on rows widened to float32 as
- * they are loaded. Default model's shape, ~500-token context, 2 threads, per layer: float32
- * 20.5 -> 18.6-19.3 us at 1 row, 94 -> 91 us at 8 rows of one sequence (the transposing sum);
- * bfloat16 in the engine 40 -> 28 us at 1 row, 181 -> 96 us at 8 (one_group_bf16 before). */
 /* 16 values at p + i as float32: p float32, or bfloat16 (raw bits) widened exactly. */
 static inline __m512 load16(const void *p, int64_t i, const int bf16) {
     if (!bf16) return _mm512_loadu_ps((const float *)p + i);
@@ -206,6 +196,16 @@ static inline void store16(void *p, int64_t i, __m512 v, const int bf16) {
     _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
 }
 
+/* one_group for float32 on 16-wide registers, D = 16 * C and G heads a KV head, both compile-time
+ * constants (the call sites below). Scores 16 keys at a time: each key's C-FMA partial dot
+ * product per head, then one transposing sum (hsum16) gives the 16 scores as a vector; the 16
+ * keys' rows stay in L1 for the G heads. The weighted sum of values keeps the G output rows in
+ * registers for the whole pass, each V row loaded once for all G heads. A verify step's rows
+ * each run this, so it is most of what a draft row adds to attention. The softmax is one_group's
+ * (exp_sub_sum), in the same order. bfloat16 caches run it too, on rows widened to float32 as
+ * they are loaded. Default model's shape, ~500-token context, 2 threads, per layer: float32
+ * 20.5 -> 18.6-19.3 us at 1 row, 94 -> 91 us at 8 rows of one sequence (the transposing sum);
+ * bfloat16 in the engine 40 -> 28 us at 1 row, 181 -> 96 us at 8 (one_group_bf16 before). */
 static inline __attribute__((always_inline)) void one_group_512(
         const void *q, const void *k_cache, const void *v_cache, const int64_t *table,
         int64_t len, void *out, float *scores, int H, int KVH, int kvh, int bs, float scale,
