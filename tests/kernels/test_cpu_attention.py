@@ -21,16 +21,18 @@ def reference(q, kc, vc, tables, lens, scale, window):
 
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 4, 32), (8, 2, 128), (6, 1, 16)])
-@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("block_size", [1, 16, 32])
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_reference(heads, kv_heads, head_dim, block_size, window, dtype):
     gen = torch.Generator().manual_seed(heads * 100 + block_size)
-    num_blocks, batch = 600, 7
+    batch = 7
+    # up to 400 keys: chunks of 16 keys within a block, several blocks, a partial last one
+    lens = torch.tensor([1, 2, 17, 40, 33, 400, 5][:batch], dtype=torch.long)
+    max_blocks = -(-int(lens.max()) // block_size)
+    num_blocks = batch * max_blocks + 1
     kc = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
     vc = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
-    lens = torch.tensor([1, 2, 17, 40, 33, 64, 5][:batch], dtype=torch.long)
-    max_blocks = -(-int(lens.max()) // block_size)
     # Distinct random blocks per sequence, padded with block 0 past each sequence's end.
     perm = torch.randperm(num_blocks - 1, generator=gen)[:batch * max_blocks] + 1
     tables = perm.view(batch, max_blocks).clone()

@@ -156,6 +156,13 @@ static int decode_groups(group_fn group, int elem, const void *q, const void *k_
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
+/* Keys t0 .. t0 + result - 1: at most 16, all in t0's block, none past len. */
+static inline int64_t chunk_len(int64_t t0, int64_t len, int bs) {
+    int64_t cnt = bs - t0 % bs;
+    if (cnt > 16) cnt = 16;
+    return len - t0 < cnt ? len - t0 : cnt;
+}
+
 /* Lane j of the result: the sum of v[j]'s 16 lanes, for 16 vectors at once. A transposing tree
  * (within 128-bit lanes, then across them): ~3 instructions a vector instead of a full
  * horizontal sum each (~8, most on the shuffle port). Each lane's sum is of its own vector's
@@ -203,9 +210,12 @@ static inline void store16(void *p, int64_t i, __m512 v, const int bf16) {
  * registers for the whole pass, each V row loaded once for all G heads. A verify step's rows
  * each run this, so it is most of what a draft row adds to attention. The softmax is one_group's
  * (exp_sub_sum), in the same order. bfloat16 caches run it too, on rows widened to float32 as
- * they are loaded. Default model's shape, ~500-token context, 2 threads, per layer: float32
- * 20.5 -> 18.6-19.3 us at 1 row, 94 -> 91 us at 8 rows of one sequence (the transposing sum);
- * bfloat16 in the engine 40 -> 28 us at 1 row, 181 -> 96 us at 8 (one_group_bf16 before). */
+ * they are loaded, where the CPU lacks AVX512_BF16 (one_group_dpbf16 below). Keys go in chunks
+ * of up to 16 within one block: one block-table lookup a chunk (a division by the block size
+ * a key cost ~8 % at 8 rows). Default model's shape, ~500-token context, 2 threads, per layer:
+ * float32 20.5 -> 18.6-19.3 us at 1 row, 94 -> 91 us at 8 rows of one sequence (the
+ * transposing sum); bfloat16 in the engine 40 -> 28 us at 1 row, 181 -> 96 us at 8
+ * (one_group_bf16 before). */
 static inline __attribute__((always_inline)) void one_group_512(
         const void *q, const void *k_cache, const void *v_cache, const int64_t *table,
         int64_t len, void *out, float *scores, int H, int KVH, int kvh, int bs, float scale,
@@ -221,14 +231,12 @@ static inline __attribute__((always_inline)) void one_group_512(
         for (int c = 0; c < C; c++) qv[g * C + c] = load16(q, (int64_t)(h0 + g) * D + 16 * c, bf16);
     }
     const __m512 vscale = _mm512_set1_ps(scale);
-    for (int64_t t0 = start; t0 < len; t0 += 16) {
-        const int cnt = len - t0 < 16 ? (int)(len - t0) : 16;
+    for (int64_t t0 = start, cnt; t0 < len; t0 += cnt) {
+        cnt = chunk_len(t0, len, bs);
         const __mmask16 live = (__mmask16)((1u << cnt) - 1u);
-        int64_t kp[16];  /* element offsets of the 16 keys' rows */
-        for (int i = 0; i < cnt; i++) {
-            const int64_t t = t0 + i;
-            kp[i] = (table[t / bs] * bs + t % bs) * row + (int64_t)kvh * D;
-        }
+        int64_t kp[16];  /* element offsets of the chunk's keys' rows (one block) */
+        const int64_t k0 = (table[t0 / bs] * bs + t0 % bs) * row + (int64_t)kvh * D;
+        for (int i = 0; i < cnt; i++) kp[i] = k0 + i * row;
         for (int g = 0; g < G; g++) {
             __m512 v[16];
             for (int i = 0; i < 16; i++) {
@@ -248,13 +256,17 @@ static inline __attribute__((always_inline)) void one_group_512(
     for (int g = 0; g < G; g++) maxs[g] = _mm512_reduce_max_ps(maxv[g]);
     softmax_rows(scores, maxs, G, n);
     for (int i = 0; i < G * C; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t t = start; t < len; t++) {
-        const int64_t v = (table[t / bs] * bs + t % bs) * row + (int64_t)kvh * D;
-        __m512 vv[8];
-        for (int c = 0; c < C; c++) vv[c] = load16(v_cache, v + 16 * c, bf16);
-        for (int g = 0; g < G; g++) {
-            const __m512 p = _mm512_set1_ps(scores[g * n + (t - start)]);
-            for (int c = 0; c < C; c++) acc[g * C + c] = _mm512_fmadd_ps(p, vv[c], acc[g * C + c]);
+    for (int64_t t0 = start, cnt; t0 < len; t0 += cnt) {
+        cnt = chunk_len(t0, len, bs);
+        const int64_t v0 = (table[t0 / bs] * bs + t0 % bs) * row + (int64_t)kvh * D;
+        for (int i = 0; i < cnt; i++) {
+            const int64_t v = v0 + i * row, t = t0 + i;
+            __m512 vv[8];
+            for (int c = 0; c < C; c++) vv[c] = load16(v_cache, v + 16 * c, bf16);
+            for (int g = 0; g < G; g++) {
+                const __m512 p = _mm512_set1_ps(scores[g * n + (t - start)]);
+                for (int c = 0; c < C; c++) acc[g * C + c] = _mm512_fmadd_ps(p, vv[c], acc[g * C + c]);
+            }
         }
     }
     for (int g = 0; g < G; g++)
@@ -277,10 +289,149 @@ static inline __attribute__((always_inline)) int group_512(
     }
 #undef G512
 }
+
+#if defined(__AVX512BF16__)
+/* exp(x) on 16 lanes for x <= 0 (softmax): exp_neg's polynomial, lanes below -87 give 0. */
+static inline __m512 exp_neg16(__m512 x) {
+    const __mmask16 alive = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.f), _CMP_GE_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+    const __m512 kf = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_fmadd_ps(kf, _mm512_set1_ps(2.12194440e-4f),
+                                     _mm512_fnmadd_ps(kf, _mm512_set1_ps(0.693359375f), x));
+    __m512 p = _mm512_set1_ps(1.f / 720.f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(kf), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(alive, p, _mm512_castsi512_ps(bits));
+}
+
+/* bfloat16 without widening (AVX512_BF16), G heads a KV head, D = 32 * C2, compile-time:
+ * - scores: vdpbf16ps multiplies 32 bfloat16 pairs of q and a key row and adds them to 16
+ *   float32 lanes (each product exact, as an FMA's), so a 64-wide row is 2 instructions where
+ *   widening it took 4 conversions and 4 FMAs; 16 keys' lanes then go through hsum16.
+ * - values: a row's 32-bit words hold two bfloat16 each; the even one is the word shifted left
+ *   16, the odd one the word with its low half cleared, both exact float32 (two cheap integer
+ *   ops, no shuffle). The outputs are kept split the same way and joined when rounded.
+ * - softmax: exp(s - max) per score, the 1 / sum applied to the outputs at the end.
+ * Every row is its own task, so a row's result does not depend on the other rows of its step.
+ * Default model's shape, 400-token context, 2 threads, per layer (the widening kernel above,
+ * chunked, -> this): 17.4 -> 14.9 us at 1 row, 61.9 -> 49.4 at 5 rows, 84.1 -> 67.0 at 8. */
+static inline __attribute__((always_inline)) void one_group_dpbf16(
+        const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int64_t *table,
+        int64_t len, uint16_t *out, float *scores, int KVH, int kvh, int bs, float scale,
+        int window, const int G, const int C2) {
+    const int D = 32 * C2, h0 = kvh * G;
+    const int64_t start = (window > 0 && len > window) ? len - window : 0;
+    const int64_t n = len - start;
+    const int64_t row = (int64_t)KVH * D;
+    __m512bh qv[8];
+    __m512 maxv[4], acc[16];
+    float inv[4];
+    for (int g = 0; g < G; g++) {
+        maxv[g] = _mm512_set1_ps(-INFINITY);
+        for (int c = 0; c < C2; c++)
+            qv[g * C2 + c] = (__m512bh)_mm512_loadu_si512(q + (int64_t)(h0 + g) * D + 32 * c);
+    }
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t t0 = start, cnt; t0 < len; t0 += cnt) {
+        cnt = chunk_len(t0, len, bs);
+        const __mmask16 live = (__mmask16)((1u << cnt) - 1u);
+        const uint16_t *kb = k_cache + (table[t0 / bs] * bs + t0 % bs) * row + (int64_t)kvh * D;
+        for (int g = 0; g < G; g++) {
+            __m512 v[16];
+            for (int i = 0; i < 16; i++) {
+                v[i] = _mm512_setzero_ps();
+                if (i >= cnt) continue;
+                for (int c = 0; c < C2; c++)
+                    v[i] = _mm512_dpbf16_ps(v[i], qv[g * C2 + c],
+                                            (__m512bh)_mm512_loadu_si512(kb + i * row + 32 * c));
+            }
+            const __m512 sc = _mm512_mul_ps(hsum16(v), vscale);
+            _mm512_mask_storeu_ps(scores + g * n + (t0 - start), live, sc);
+            maxv[g] = _mm512_mask_max_ps(maxv[g], live, maxv[g], sc);
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        float *sg = scores + g * n;
+        const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(maxv[g]));
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) {
+            const __mmask16 live = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+            const __m512 e = exp_neg16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, sg + i), m));
+            _mm512_mask_storeu_ps(sg + i, live, e);
+            sum = _mm512_mask_add_ps(sum, live, sum, e);
+        }
+        inv[g] = 1.f / _mm512_reduce_add_ps(sum);
+    }
+    for (int i = 0; i < 2 * G * C2; i++) acc[i] = _mm512_setzero_ps();
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    for (int64_t t0 = start, cnt; t0 < len; t0 += cnt) {
+        cnt = chunk_len(t0, len, bs);
+        const uint16_t *vb = v_cache + (table[t0 / bs] * bs + t0 % bs) * row + (int64_t)kvh * D;
+        const float *p0 = scores + (t0 - start);
+        for (int i = 0; i < cnt; i++) {
+            __m512 ev[4], od[4];  /* the row's even and odd columns of each 32, as float32 */
+            for (int c = 0; c < C2; c++) {
+                const __m512i w = _mm512_loadu_si512(vb + i * row + 32 * c);
+                ev[c] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+                od[c] = _mm512_castsi512_ps(_mm512_and_si512(w, high));
+            }
+            for (int g = 0; g < G; g++) {
+                const __m512 p = _mm512_set1_ps(p0[g * n + i]);
+                for (int c = 0; c < C2; c++) {
+                    acc[(g * C2 + c) * 2] = _mm512_fmadd_ps(p, ev[c], acc[(g * C2 + c) * 2]);
+                    acc[(g * C2 + c) * 2 + 1] = _mm512_fmadd_ps(p, od[c], acc[(g * C2 + c) * 2 + 1]);
+                }
+            }
+        }
+    }
+    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    for (int g = 0; g < G; g++) {
+        const __m512 s = _mm512_set1_ps(inv[g]);
+        for (int c = 0; c < C2; c++) {  /* round each to nearest even, join the pairs */
+            const __m512i e = _mm512_castps_si512(_mm512_mul_ps(acc[(g * C2 + c) * 2], s));
+            const __m512i o = _mm512_castps_si512(_mm512_mul_ps(acc[(g * C2 + c) * 2 + 1], s));
+            const __m512i re = _mm512_add_epi32(_mm512_add_epi32(e, half), _mm512_and_si512(_mm512_srli_epi32(e, 16), one));
+            const __m512i ro = _mm512_add_epi32(_mm512_add_epi32(o, half), _mm512_and_si512(_mm512_srli_epi32(o, 16), one));
+            _mm512_storeu_si512(out + (int64_t)(h0 + g) * D + 32 * c,
+                                _mm512_or_si512(_mm512_srli_epi32(re, 16), _mm512_and_si512(ro, high)));
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) int group_dpbf16(
+        const void *q, const void *k, const void *v, const int64_t *table, int64_t len, void *out,
+        float *scores, int KVH, int kvh, int G, int D, int bs, float scale, int window) {
+#define GDP(g, c) one_group_dpbf16(q, k, v, table, len, out, scores, KVH, kvh, bs, scale, window, g, c)
+    switch (G * 1000 + D) {
+    case 1064: GDP(1, 2); return 1;
+    case 2064: GDP(2, 2); return 1;
+    case 3064: GDP(3, 2); return 1;
+    case 4064: GDP(4, 2); return 1;
+    case 1128: GDP(1, 4); return 1;
+    case 2128: GDP(2, 4); return 1;
+    default: return 0;
+    }
+#undef GDP
+}
+#endif  /* __AVX512BF16__ */
 #else
 static int group_512(const void *q, const void *k, const void *v, const int64_t *table,
                      int64_t len, void *out, float *scores, int H, int KVH, int kvh, int D,
                      int bs, float scale, int window, int bf16) {
+    return 0;
+}
+#endif
+
+#if !defined(__AVX512F__) || !defined(__AVX512BF16__)
+static int group_dpbf16(const void *q, const void *k, const void *v, const int64_t *table,
+                        int64_t len, void *out, float *scores, int KVH, int kvh, int G, int D,
+                        int bs, float scale, int window) {
     return 0;
 }
 #endif
@@ -346,7 +497,8 @@ static void group_bf16(const void *q, const void *k, const void *v, const int64_
                        int bs, float scale, int window) {
     /* the float32 register kernel on widened rows where it has the (G, D) pair: at 8 rows of a
      * verify step, ~4x faster per row than one_group_bf16's widen-to-stack loops */
-    if (!group_512(q, k, v, table, len, out, scores, H, KVH, kvh, D, bs, scale, window, 1))
+    if (!group_dpbf16(q, k, v, table, len, out, scores, KVH, kvh, H / KVH, D, bs, scale, window)
+        && !group_512(q, k, v, table, len, out, scores, H, KVH, kvh, D, bs, scale, window, 1))
         one_group_bf16(q, k, v, table, len, out, scores, H, KVH, kvh, D, bs, scale, window);
 }
 
