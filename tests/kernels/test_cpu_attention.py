@@ -60,3 +60,32 @@ def test_non_contiguous_query():
     lens = torch.tensor([6, 3, 8])
     torch.testing.assert_close(paged_decode(KERNEL, q, kc, vc, tables, lens, 0.3, None),
                                reference(q, kc, vc, tables, lens, 0.3, None), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 4, 32), (8, 2, 128), (16, 1, 64)])
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+@pytest.mark.parametrize("window", [None, 21])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verify_rows_equal_each_row_alone(heads, kv_heads, head_dim, block_size, window, dtype):
+    """A verify step's rows (one sequence at lengths n, n + 1, ..., sharing its block table: the
+    bf16 kernel scores them together on the AMX tile unit where there is one) between rows of
+    other sequences: each row's output has the bits it has alone, and matches the reference."""
+    gen = torch.Generator().manual_seed(heads + block_size)
+    lens_of = [[37], [200 + i for i in range(9)], [5], [63 + i for i in range(3)]]  # 9 rows: > 16 / G
+    max_blocks = -(-max(max(s) for s in lens_of) // block_size)
+    num_blocks = len(lens_of) * max_blocks + 1
+    kc = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    vc = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    perm = torch.randperm(num_blocks - 1, generator=gen)[:len(lens_of) * max_blocks] + 1
+    tables = torch.cat([perm[i * max_blocks:(i + 1) * max_blocks].repeat(len(s), 1)
+                        for i, s in enumerate(lens_of)])
+    lens = torch.tensor([n for s in lens_of for n in s])
+    q = torch.randn(len(lens), heads, head_dim, generator=gen).to(dtype)
+    scale = head_dim ** -0.5
+    got = paged_decode(KERNEL, q, kc, vc, tables, lens, scale, window)
+    for i in range(len(lens)):
+        alone = paged_decode(KERNEL, q[i:i + 1], kc, vc, tables[i:i + 1], lens[i:i + 1], scale, window)
+        assert torch.equal(got[i:i + 1], alone), f"row {i}"
+    want = reference(q.float(), kc.float(), vc.float(), tables, lens, scale, window).to(dtype)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=1e-4)
+    torch.testing.assert_close(got, want, **tol)

@@ -502,11 +502,16 @@ static void group_bf16(const void *q, const void *k, const void *v, const int64_
         one_group_bf16(q, k, v, table, len, out, scores, H, KVH, kvh, D, bs, scale, window);
 }
 
+#include "paged_decode_amx.h"
+
 int paged_decode_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
                       const int64_t *block_tables, const int64_t *context_lens, uint16_t *out,
                       int B, int H, int KVH, int D, int bs, int max_blocks, float scale,
                       int window, int num_threads) {
     if (D > 1024) return -1;
+    if (amx_shape_ok(H / KVH, D) && amx_ready())  /* the scores on the tile unit */
+        return decode_groups_amx(q, k_cache, v_cache, block_tables, context_lens, out, B, H, KVH,
+                                 D, bs, max_blocks, scale, window, num_threads);
     return decode_groups(group_bf16, 2, q, k_cache, v_cache, block_tables, context_lens, out, B,
                          H, KVH, D, bs, max_blocks, scale, window, num_threads);
 }
