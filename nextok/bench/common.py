@@ -102,6 +102,23 @@ class Meter:
                 "other_processes_cpu_seconds": round(self.other_cpu_seconds, 2)}
 
 
+def memory_copy_gbps(mib: int = 64, repeats: int = 5) -> float:
+    """This machine's memory copy bandwidth now, GB/s (best of a few 64 MiB copies, ~0.1 s).
+    Other virtual machines on a shared host take bandwidth that no process list here shows; a
+    batch-1 decode step streams its weights, so it slows with them while a step of many rows,
+    which reads the same weights once for all, slows less: a ratio between the two moves."""
+    import numpy as np
+
+    src = np.ones(mib * 2**20 // 8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.nbytes / best / 1e9  # read + write
+
+
 def memory_report(engine) -> dict:
     """How the engine holds its weights and cache, and this process's peak memory so far: the
     way each quantization method and KV cache dtype is compared on memory (run one per process,
