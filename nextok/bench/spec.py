@@ -3,6 +3,7 @@
     nextok bench spec --methods ngram --workloads code,edit,random --output OUT.json
     nextok bench spec --methods ngram,self-draft:8,self-draft:20 --workloads code
     nextok bench spec --methods draft --draft-model PATH
+    nextok bench spec --methods ngram@7,medusa@4 --medusa-heads DIR   (K per method)
 
 - Latency at concurrency 1, per workload: each prompt runs on the plain engine and on each
   speculating engine in turn (the order alternates from prompt to prompt, so slow periods of a
@@ -32,7 +33,8 @@ from nextok.bench.common import Meter, header, memory_copy_gbps, write_json
 def add_parser(sub, add_engine_args) -> None:
     p = sub.add_parser("spec", help="speculative decoding vs none: TPOT, latency, acceptance")
     p.add_argument("--methods", default="ngram",
-                   help="comma-separated --speculative methods; self-draft:L runs L layers")
+                   help="comma-separated --speculative methods; self-draft:L runs L layers; "
+                        "METHOD@K drafts K tokens (default --num-speculative-tokens)")
     p.add_argument("--workloads", default="code,edit,random")
     p.add_argument("--num-prompts", type=int, default=8, help="per workload")
     p.add_argument("--input-len", type=int, default=256, help="code / random prompt tokens")
@@ -188,10 +190,14 @@ _METHOD_OPTIONS = ("draft_model", "self_draft_layers", "draft_num_kv_blocks", "m
 
 
 def _method_kwargs(method: str, args) -> dict:
-    """Engine options of one method: `self-draft:L` is self-draft with L layers; the draft
-    options of the command line go to the methods that take them only."""
+    """Engine options of one method: `self-draft:L` is self-draft with L layers, `METHOD@K`
+    drafts K tokens a step; the draft options of the command line go to the methods that take
+    them only."""
+    method, _, k = method.partition("@")
     name, _, layers = method.partition(":")
     kw = {"speculative": name}
+    if k:
+        kw["num_speculative_tokens"] = int(k)
     if name in ("draft", "self-draft"):
         kw["draft_num_kv_blocks"] = args.draft_num_kv_blocks
     if name == "draft":
