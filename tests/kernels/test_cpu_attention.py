@@ -89,3 +89,51 @@ def test_verify_rows_equal_each_row_alone(heads, kv_heads, head_dim, block_size,
     want = reference(q.float(), kc.float(), vc.float(), tables, lens, scale, window).to(dtype)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=1e-4)
     torch.testing.assert_close(got, want, **tol)
+
+
+# ---- the same source built without AMX, without AVX512_BF16, without AVX-512 -------------------
+FALLBACKS = {"no-amx": ["-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"],
+             "no-avx512bf16": ["-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8", "-mno-avx512bf16"],
+             "avx2": ["-mno-avx512f"]}
+
+
+@pytest.mark.parametrize("name", sorted(FALLBACKS))
+def test_fallback_builds_match_the_reference(name, tmp_path):
+    """The paths CPUs without AMX (vdpbf16ps), without AVX512_BF16 (widened rows) or without
+    AVX-512 take for bfloat16 caches: the verify-rows case against the reference, bit for bit
+    against each row alone."""
+    import ctypes
+    import os
+    import platform
+    import subprocess
+
+    from nextok.kernels import cpu_build
+
+    cc = cpu_build._compiler()
+    if platform.machine() not in ("x86_64", "AMD64") or cc is None:
+        pytest.skip("an x86-64 C compiler is needed")
+    flags = [f for f in cpu_build.FLAGS if not f.startswith("-march")] + ["-march=native", *FALLBACKS[name]]
+    out = os.path.join(tmp_path, f"paged_decode_{name}.so")
+    proc = subprocess.run([cc, *flags, "-o", out, os.path.join(cpu_build.CSRC, "paged_decode.c"), "-lm"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"{cc} cannot build {name}: {proc.stderr[-300:]}")
+    lib = ctypes.CDLL(out)
+    fn = lib.paged_decode_bf16
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    fns = {torch.bfloat16: fn}
+    gen = torch.Generator().manual_seed(5)
+    heads, kv_heads, head_dim, block_size = 9, 3, 64, 16
+    lens = torch.tensor([37, 120, 121, 122, 123, 124, 125, 126, 5])
+    max_blocks = -(-int(lens.max()) // block_size)
+    kc = torch.randn(3 * max_blocks + 1, block_size, kv_heads, head_dim, generator=gen).bfloat16()
+    vc = torch.randn(3 * max_blocks + 1, block_size, kv_heads, head_dim, generator=gen).bfloat16()
+    perm = (torch.randperm(3 * max_blocks, generator=gen) + 1).view(3, max_blocks)
+    tables = torch.cat([perm[0:1], perm[1:2].repeat(7, 1), perm[2:3]])
+    q = torch.randn(len(lens), heads, head_dim, generator=gen).bfloat16()
+    got = paged_decode(fns, q, kc, vc, tables, lens, 0.125, None)
+    for i in range(len(lens)):
+        assert torch.equal(got[i:i + 1], paged_decode(fns, q[i:i + 1], kc, vc, tables[i:i + 1], lens[i:i + 1], 0.125, None))
+    want = reference(q.float(), kc.float(), vc.float(), tables, lens, 0.125, None).bfloat16()
+    torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-4)

@@ -310,6 +310,25 @@ static inline __m512 exp_neg16(__m512 x) {
     return _mm512_maskz_mul_ps(alive, p, _mm512_castsi512_ps(bits));
 }
 
+/* 32 bfloat16 at p as float32: the even columns (each 32-bit word shifted left 16) and the odd
+ * ones (the word with its low half cleared), both exact, two integer ops and no shuffle. */
+static inline void load_pairs(const uint16_t *p, __m512 *even, __m512 *odd) {
+    const __m512i w = _mm512_loadu_si512(p);
+    *even = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    *odd = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* even * s and odd * s rounded to bfloat16 (nearest even) and joined back into 32 columns at p. */
+static inline void store_pairs(uint16_t *p, __m512 even, __m512 odd, __m512 s) {
+    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i e = _mm512_castps_si512(_mm512_mul_ps(even, s));
+    const __m512i o = _mm512_castps_si512(_mm512_mul_ps(odd, s));
+    const __m512i re = _mm512_add_epi32(_mm512_add_epi32(e, half), _mm512_and_si512(_mm512_srli_epi32(e, 16), one));
+    const __m512i ro = _mm512_add_epi32(_mm512_add_epi32(o, half), _mm512_and_si512(_mm512_srli_epi32(o, 16), one));
+    _mm512_storeu_si512(p, _mm512_or_si512(_mm512_srli_epi32(re, 16),
+                                           _mm512_and_si512(ro, _mm512_set1_epi32((int)0xffff0000u))));
+}
+
 /* bfloat16 without widening (AVX512_BF16), G heads a KV head, D = 32 * C2, compile-time:
  * - scores: vdpbf16ps multiplies 32 bfloat16 pairs of q and a key row and adds them to 16
  *   float32 lanes (each product exact, as an FMA's), so a 64-wide row is 2 instructions where
@@ -369,18 +388,13 @@ static inline __attribute__((always_inline)) void one_group_dpbf16(
         inv[g] = 1.f / _mm512_reduce_add_ps(sum);
     }
     for (int i = 0; i < 2 * G * C2; i++) acc[i] = _mm512_setzero_ps();
-    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
     for (int64_t t0 = start, cnt; t0 < len; t0 += cnt) {
         cnt = chunk_len(t0, len, bs);
         const uint16_t *vb = v_cache + (table[t0 / bs] * bs + t0 % bs) * row + (int64_t)kvh * D;
         const float *p0 = scores + (t0 - start);
         for (int i = 0; i < cnt; i++) {
             __m512 ev[4], od[4];  /* the row's even and odd columns of each 32, as float32 */
-            for (int c = 0; c < C2; c++) {
-                const __m512i w = _mm512_loadu_si512(vb + i * row + 32 * c);
-                ev[c] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-                od[c] = _mm512_castsi512_ps(_mm512_and_si512(w, high));
-            }
+            for (int c = 0; c < C2; c++) load_pairs(vb + i * row + 32 * c, &ev[c], &od[c]);
             for (int g = 0; g < G; g++) {
                 const __m512 p = _mm512_set1_ps(p0[g * n + i]);
                 for (int c = 0; c < C2; c++) {
@@ -390,18 +404,10 @@ static inline __attribute__((always_inline)) void one_group_dpbf16(
             }
         }
     }
-    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-    for (int g = 0; g < G; g++) {
-        const __m512 s = _mm512_set1_ps(inv[g]);
-        for (int c = 0; c < C2; c++) {  /* round each to nearest even, join the pairs */
-            const __m512i e = _mm512_castps_si512(_mm512_mul_ps(acc[(g * C2 + c) * 2], s));
-            const __m512i o = _mm512_castps_si512(_mm512_mul_ps(acc[(g * C2 + c) * 2 + 1], s));
-            const __m512i re = _mm512_add_epi32(_mm512_add_epi32(e, half), _mm512_and_si512(_mm512_srli_epi32(e, 16), one));
-            const __m512i ro = _mm512_add_epi32(_mm512_add_epi32(o, half), _mm512_and_si512(_mm512_srli_epi32(o, 16), one));
-            _mm512_storeu_si512(out + (int64_t)(h0 + g) * D + 32 * c,
-                                _mm512_or_si512(_mm512_srli_epi32(re, 16), _mm512_and_si512(ro, high)));
-        }
-    }
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < C2; c++)
+            store_pairs(out + (int64_t)(h0 + g) * D + 32 * c, acc[(g * C2 + c) * 2],
+                        acc[(g * C2 + c) * 2 + 1], _mm512_set1_ps(inv[g]));
 }
 
 static inline __attribute__((always_inline)) int group_dpbf16(

@@ -18,7 +18,7 @@
  *   C tile   16 keys x 16 heads float32 -> S[key][head], then scaled and masked per lane (row
  *            n / G sees keys [start, len) of its own), the running max per lane
  *   softmax  exp(s - max) in place, the sum per lane; 1 / sum applied to the outputs
- *   values   float32 FMAs as one_group_dpbf16 (even / odd columns), heads in passes of a few
+ *   values   float32 FMAs as one_group_dpbf16 (load_pairs, store_pairs), heads in passes of a few
  *            (the accumulators of all N heads do not fit in registers)
  * A head's result depends on its own row only: the tile unit computes every C[key][head] from
  * that key and that head alone, masked keys add exact zeros to the sum and to the outputs (the
@@ -64,7 +64,6 @@ static inline __attribute__((always_inline)) void amx_values(
         const int G, const int C2, const int HP) {
     const int D = 32 * C2;
     const int64_t row = (int64_t)KVH * D;
-    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
     __m512 acc[20];
     for (int i = 0; i < 2 * HP * C2; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t t0 = s0, n; t0 < s1; t0 += n) {
@@ -73,11 +72,7 @@ static inline __attribute__((always_inline)) void amx_values(
         const float *p0 = S + (t0 - s0) * 16 + n0;
         for (int i = 0; i < n; i++) {
             __m512 ev[4], od[4];
-            for (int c = 0; c < C2; c++) {
-                const __m512i w = _mm512_loadu_si512(vb + i * row + 32 * c);
-                ev[c] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-                od[c] = _mm512_castsi512_ps(_mm512_and_si512(w, high));
-            }
+            for (int c = 0; c < C2; c++) load_pairs(vb + i * row + 32 * c, &ev[c], &od[c]);
             for (int h = 0; h < HP; h++) {
                 if (h >= cnt) break;
                 const __m512 p = _mm512_set1_ps(p0[i * 16 + h]);
@@ -88,18 +83,11 @@ static inline __attribute__((always_inline)) void amx_values(
             }
         }
     }
-    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
     for (int h = 0; h < cnt; h++) {
         const int nh = n0 + h;
-        const __m512 s = _mm512_set1_ps(inv[nh]);
         uint16_t *o = out + ((int64_t)(nh / G) * H + (int64_t)kvh * G + nh % G) * D;
-        for (int c = 0; c < C2; c++) {  /* round each to nearest even, join the pairs */
-            const __m512i e = _mm512_castps_si512(_mm512_mul_ps(acc[(h * C2 + c) * 2], s));
-            const __m512i od = _mm512_castps_si512(_mm512_mul_ps(acc[(h * C2 + c) * 2 + 1], s));
-            const __m512i re = _mm512_add_epi32(_mm512_add_epi32(e, half), _mm512_and_si512(_mm512_srli_epi32(e, 16), one));
-            const __m512i ro = _mm512_add_epi32(_mm512_add_epi32(od, half), _mm512_and_si512(_mm512_srli_epi32(od, 16), one));
-            _mm512_storeu_si512(o + 32 * c, _mm512_or_si512(_mm512_srli_epi32(re, 16), _mm512_and_si512(ro, high)));
-        }
+        for (int c = 0; c < C2; c++)
+            store_pairs(o + 32 * c, acc[(h * C2 + c) * 2], acc[(h * C2 + c) * 2 + 1], _mm512_set1_ps(inv[nh]));
     }
 }
 
