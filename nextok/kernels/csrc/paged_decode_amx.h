@@ -112,7 +112,7 @@ static inline __attribute__((always_inline)) void amx_group(
         if (start < s0) s0 = start;
         if (len > s1) s1 = len;
     }
-    /* B: word j of tile c, column n = head n's dimensions 64c + 2j, 64c + 2j + 1 */
+    /* B: word j of tile c, column n = head n's dimensions 32c + 2j and 32c + 2j + 1 */
     const uint32_t *qw = (const uint32_t *)q;
     for (int c = 0; c < C2; c++)
         for (int j = 0; j < 16; j++)
