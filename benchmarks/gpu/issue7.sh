@@ -40,10 +40,12 @@ w4a16)
         timeout ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_quant_linear.py \
             tests/quant/test_fp8.py tests/quant/test_int4.py 2>&1 | tail -12 | tee "$OUT/kernel-tests.txt"
     fi
-    step W4A16 dp4a tile sweep, Llama-3.1-8B layer shapes
-    timeout ${T_PROBE:-240} python3 benchmarks/gpu/w4a16_probe.py "$OUT/w4a16-probe.json" "$OUT/w4a16-table.json" \
-        ${PROBE_SHAPES:-6144x4096,4096x4096,28672x4096,4096x14336} 2>&1 | grep -v "^  " | tail -12
-    export NEXTOK_W4A16_CONFIGS=$OUT/w4a16-table.json
+    if [ -z "${SKIP_PROBE:-}" ]; then  # else the committed table (kernels/triton/configs)
+        step W4A16 dp4a tile sweep, Llama-3.1-8B layer shapes
+        timeout ${T_PROBE:-240} python3 benchmarks/gpu/w4a16_probe.py "$OUT/w4a16-probe.json" "$OUT/w4a16-table.json" \
+            ${PROBE_SHAPES:-6144x4096,4096x4096,28672x4096,4096x14336} 2>&1 | grep -v "^  " | tail -12
+        export NEXTOK_W4A16_CONFIGS=$OUT/w4a16-table.json
+    fi
     for r in $(seq 1 ${ROUNDS:-2}); do
         step "8B decode step, bf16 (round $r)"; latency bf16-r$r
         step "8B decode step, int4 W4A16 (round $r)"; latency int4-r$r --quantization int4
@@ -61,15 +63,17 @@ fp8-kv)
     # fp8kv: FP8 weights and an fp8 KV cache, as FP8 is served on Hopper. In this workload the
     # decode steps read more KV (256 sequences x ~640 tokens x 128 KiB) than weights (16 GB), so
     # FP8 weights alone speed a step up by ~1.3x at most.
+    i=0  # runs numbered in order, so that A B A B keeps every result
     for q in ${TP_RUNS:-bf16 fp8 fp8kv}; do
-        step "throughput 1000 x 512 -> 256, 8B, $q"
+        i=$((i + 1))
+        step "throughput 1000 x 512 -> 256, 8B, $q (run $i)"
         extra=""
         [ $q = fp8 ] && extra="--quantization fp8"
         [ $q = fp8kv ] && extra="--quantization fp8 --kv-cache-dtype fp8"
         timeout ${T_TP:-200} python3 -m nextok bench throughput --model $L8B $DUMMY --num-prompts 1000 \
             --input-len 512 --output-len 256 --kv-cache-memory-fraction ${KV_FRAC:-0.35} \
             --max-num-batched-tokens 8192 --max-num-seqs ${MAX_SEQS:-256} $extra \
-            --output "$OUT/throughput-llama-8b-$q.json" 2>&1 | grep -v "it/s\]" | tail -6
+            --output "$OUT/throughput-llama-8b-$q-$i.json" 2>&1 | grep -v "it/s\]" | tail -6
     done
     step KV capacity: 4k-token sequences per cache dtype, one budget
     for kind in ${KV_KINDS-auto int8 fp8}; do

@@ -70,7 +70,7 @@ model)
         --steps ${MEDUSA_STEPS:-1500} --batch 16 --pool-windows ${POOL:-2048} --device cuda 2>&1 \
         | grep -v Warning | tail -8
     step "default model, bf16: off vs ngram, self-draft, medusa"
-    TAIL=30 spec smollm2-bf16 --model $M --dtype bfloat16 --methods ngram,self-draft,medusa \
+    TAIL=30 spec smollm2-bf16 --model $M --dtype bfloat16 --methods ${METHODS:-ngram@7,self-draft,medusa} \
         --medusa-heads "$OUT/medusa-gpu" --workloads code,edit,random --held-out --num-prompts 8 \
         --output-len 128 --crossover-batch-sizes 1,16,64
     ;;
