@@ -48,6 +48,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "fp8 (W8A8 e4m3; GPUs with FP8 tensor cores)")
     g.add_argument("--quant-group-size", type=int, default=128,
                    help="int4: consecutive weights of a row sharing one scale and minimum")
+    g.add_argument("--quantize-lm-head", action="store_true",
+                   help="with --quantization: the lm_head too (a tied one as a quantized copy "
+                        "of the embedding); off by default, as it holds the logits' precision")
     g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
                    help="auto: the model's dtype; int8: one byte per value and a float32 "
                         "scale per cached row of a token and KV head; fp8: e4m3 values "

@@ -143,4 +143,5 @@ class EngineConfig:
     # Decoder linears quantized at load (nextok/quant/): None or a name in quant.METHODS.
     quantization: str | None = None
     quant_group_size: int = 128  # int4: weights per (scale, min) group
+    quantize_lm_head: bool = False  # the lm_head quantized too (quant/base.py quantize_model)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)

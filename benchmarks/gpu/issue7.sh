@@ -29,7 +29,7 @@ step environment
 latency() {  # $1: label, then extra flags
     local label=$1; shift
     timeout ${T_LAT:-150} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes 1,8 \
-        --repeats 2 --cuda-graph-max-batch 32 "$@" --output "$OUT/latency-llama-8b-$label.json" 2>&1 \
+        --repeats 2 --cuda-graph-max-batch ${GRAPH_MAX:-32} "$@" --output "$OUT/latency-llama-8b-$label.json" 2>&1 \
         | grep -v Warning | tail -4
 }
 
@@ -49,6 +49,10 @@ w4a16)
     for r in $(seq 1 ${ROUNDS:-2}); do
         step "8B decode step, bf16 (round $r)"; latency bf16-r$r
         step "8B decode step, int4 W4A16 (round $r)"; latency int4-r$r --quantization int4
+        if [ -n "${LM_HEAD:-}" ]; then
+            step "8B decode step, int4 W4A16 with an int4 lm_head (round $r)"
+            latency int4-lm-head-r$r --quantization int4 --quantize-lm-head
+        fi
     done
     ;;
 gguf)

@@ -49,6 +49,7 @@ class EngineArgs:
     async_scheduling: str = "auto"  # auto (on for CUDA) | on | off
     quantization: str | None = None  # None | int8 | int4 (nextok/quant/)
     quant_group_size: int = 128
+    quantize_lm_head: bool = False  # the lm_head too (opt-in: it holds the logits' precision)
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | int8 | fp8 (attention/kv_quant.py)
     speculative: str | None = None  # None | ngram | draft | self-draft | medusa (nextok/spec/)
     num_speculative_tokens: int = 4
@@ -117,7 +118,7 @@ def create_engine(args: EngineArgs):
         enforce_eager=args.enforce_eager, cuda_graph_max_batch=args.cuda_graph_max_batch,
         async_scheduling=_async_scheduling(args.async_scheduling, device),
         quantization=args.quantization, quant_group_size=args.quant_group_size,
-        speculative=spec)
+        quantize_lm_head=args.quantize_lm_head, speculative=spec)
     weights = None if ckpt.format == "dummy" else ckpt.weights()
     runner = ModelRunner(config, weights, max_len, ckpt.blocks)
     num_blocks = _num_blocks(config, runner)
@@ -196,6 +197,8 @@ def _check_args(args: EngineArgs) -> None:
         from nextok.quant import get_quant_method
 
         get_quant_method(args.quantization, args.quant_group_size)  # fails before loading
+    elif args.quantize_lm_head:
+        raise NextokError("--quantize-lm-head needs --quantization (int8, int4 or fp8)")
     if args.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
         raise NextokError(f"--block-size must be a power of two up to 128, got {args.block_size}")
     if args.max_num_seqs < 1 or args.max_num_batched_tokens < 1:

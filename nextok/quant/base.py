@@ -29,16 +29,24 @@ class QuantMethod(ABC):
         ...
 
 
-def quantize_model(model: nn.Module, method: QuantMethod) -> int:
-    """Swap every nn.Linear of the decoder layers for `method`'s layer (the lm_head and the
-    embedding stay dense). Returns how many were swapped."""
+def quantize_model(model: nn.Module, method: QuantMethod, lm_head: bool = False) -> int:
+    """Swap every nn.Linear of the decoder layers for `method`'s layer (the embedding stays
+    dense, and so does the lm_head unless `lm_head`). Returns how many were swapped.
+
+    A quantized lm_head (--quantize-lm-head) is opt-in, as in GPTQ's `lm_head` option: it holds
+    the logits' precision, but at batch 1 a 4-bit decoder leaves a bf16 lm_head a fifth of the
+    step's bytes (Llama-3.1-8B: 1.05 of 4.76 GB). A tied lm_head gets a quantized copy of the
+    embedding, which keeps its dense weight for lookups."""
     targets = [(name, mod) for name, mod in model.named_modules()
-               if isinstance(mod, nn.Linear) and not name.startswith("lm_head")]
+               if isinstance(mod, nn.Linear) and (lm_head or not name.startswith("lm_head"))]
     for name, mod in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         bias = None if mod.bias is None else mod.bias.detach()
         setattr(parent, attr, method.create_layer(mod.weight.detach(), bias))
+    if lm_head and getattr(model, "lm_head", False) is None:  # tied to the embedding
+        model.lm_head = method.create_layer(model.embed_tokens.weight.detach(), None)
+        return len(targets) + 1
     return len(targets)
 
 

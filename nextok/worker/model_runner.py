@@ -49,7 +49,7 @@ class ModelRunner:
 
             method = get_quant_method(config.quantization, config.quant_group_size)
             method.check(self.device, self.dtype)
-            quantize_model(model, method)
+            quantize_model(model, method, lm_head=config.quantize_lm_head)
         if blocks is not None and weights is not None and self._gguf_on_device():
             from nextok.quant.gguf_cuda import TYPE_IDS
 

@@ -63,3 +63,48 @@ def test_int4_engine_on_the_default_model(make_llm):
     assert len(layers) == 4 * 30 and all(m.blocks.type_id == 3 for m in layers)
     out = llm.generate(PROMPTS[:3], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == 8 for o in out)
+
+
+def _tiny_model(tied: bool):
+    from nextok.attention.torch_ref import TorchRefBackend
+    from nextok.config import ModelConfig
+    from nextok.model.llama import LlamaForCausalLM
+
+    config = ModelConfig.from_hf_dict({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 128, "intermediate_size": 256,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": tied, "vocab_size": 96})
+    model = LlamaForCausalLM(config, TorchRefBackend(), max_positions=64)
+    model.init_dummy_weights(3)
+    return model
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_quantize_lm_head_is_opt_in_and_multiplies_the_quantized_weight(tied):
+    from nextok.quant import quantize_model
+
+    model = _tiny_model(tied)
+    dense = (model.embed_tokens.weight if tied else model.lm_head.weight).detach().clone()
+    embed = model.embed_tokens.weight.detach().clone()
+    # the layer's four linears: qkv, o, gate_up, down
+    assert quantize_model(_tiny_model(tied), Int4RoundToNearest(64)) == 4
+    assert quantize_model(model, Int4RoundToNearest(64), lm_head=True) == 5
+    assert isinstance(model.lm_head, (Int4Linear, BlockLinear))
+    assert torch.equal(model.embed_tokens.weight, embed)  # lookups keep the dense embedding
+    h = torch.randn(3, 128, generator=torch.Generator().manual_seed(0))
+    want = h @ dequantize_groups(*quantize_groups(dense, 64)).T
+    torch.testing.assert_close(model.compute_logits(h), want, rtol=1e-5, atol=1e-5)
+
+
+def test_quantize_lm_head_on_the_default_model(make_llm):
+    from nextok import SamplingParams
+    from tests.prompts import PROMPTS
+
+    with pytest.raises(NextokError, match="--quantize-lm-head needs --quantization"):
+        make_llm(quantize_lm_head=True)
+    llm = make_llm(quantization="int4", quant_group_size=64, quantize_lm_head=True)
+    model = llm.engine.runner.model
+    assert isinstance(model.lm_head, BlockLinear) and model.lm_head.blocks.type_id == 3
+    out = llm.generate(PROMPTS[:3], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 8 for o in out)

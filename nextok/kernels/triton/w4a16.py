@@ -271,6 +271,18 @@ DEFAULT_TILES = {"1": dict(BLOCK_N=128, TW=32, num_warps=4, num_stages=3, SPLIT=
                  "16": dict(BLOCK_N=32, TW=32, num_warps=4, num_stages=3)}
 
 
+def _default_tile(cls: str, n: int, device: torch.device) -> dict:
+    """An untuned shape's tile: the default, with K split so that ~4 programs per SM stream W
+    (the tuned one-row tiles above have 4-8 per SM: o_proj's 32 tiles split 16 ways, gate_up's
+    224 two ways); a 128k-row lm_head has 1002 tiles and needs no split."""
+    tile = DEFAULT_TILES[cls]
+    if cls == "16":
+        return tile
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    want = 4 * sms / triton.cdiv(n, tile["BLOCK_N"])
+    return dict(tile, SPLIT=next((s for s in (16, 8, 4, 2) if s <= want), 1))
+
+
 def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
     extra = dict(BLOCK_M=16) if dot else dict(
         SPLIT=tile.get("SPLIT", 1), BLOCK_M=min(tile.get("BLOCK_M", 1), triton.next_power_of_2(m)))
@@ -309,7 +321,7 @@ def _config(m: int, n: int, k: int, group: int, device: torch.device) -> tuple[b
         return dot, _tile(_OVERRIDE, m, dot, wpg)
     table = _tuned(torch.cuda.get_device_name(device)).get(f"{n}x{k}", {})
     cls = "16" if m > DP4A_ROWS else _row_class(m)
-    tile = table.get(cls) or DEFAULT_TILES[cls]
+    tile = table.get(cls) or _default_tile(cls, n, device)
     if tile.get("dot"):
         cls, tile = "16", table.get("16") or DEFAULT_TILES["16"]
     return cls == "16", _tile(tile, m, cls == "16", wpg)
