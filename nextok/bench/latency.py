@@ -202,8 +202,9 @@ def weight_bytes(model, decode: bool) -> int:
 
     def walk(module):
         nonlocal total
-        if module is model.lm_head and tied and not decode:
+        if module is model.lm_head and tied and not decode and not getattr(model, "lm_head_quantized", False):
             return  # the embedding's own copy (CPU packs it as the lm_head): counted once
+        # (a quantized copy, --quantize-lm-head, holds other bytes: it counts)
         if isinstance(module, BlockOrDenseLinear) and decode or isinstance(module, BlockLinear):
             total += module.blocks.nbytes  # (a BlockLinear holds nothing else)
         elif isinstance(module, (PackedLinear, BlockOrDenseLinear)):  # no parameters of their own

@@ -106,5 +106,12 @@ def test_quantize_lm_head_on_the_default_model(make_llm):
     llm = make_llm(quantization="int4", quant_group_size=64, quantize_lm_head=True)
     model = llm.engine.runner.model
     assert isinstance(model.lm_head, BlockLinear) and model.lm_head.blocks.type_id == 3
+    from nextok.bench.latency import weight_bytes
+
+    plain = make_llm(quantization="int4", quant_group_size=64).engine.runner.model
+    # the quantized copy of the tied embedding is memory of its own; a step reads it, not the
+    # embedding
+    assert weight_bytes(model, False) == weight_bytes(plain, False) + model.lm_head.blocks.nbytes
+    assert weight_bytes(model, True) < weight_bytes(plain, True) - model.lm_head.blocks.nbytes
     out = llm.generate(PROMPTS[:3], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == 8 for o in out)
