@@ -77,7 +77,7 @@ model)
     step "default model, bf16: off vs $methods"
     TAIL=30 spec smollm2-bf16 --model $M --dtype bfloat16 --methods $methods $heads \
         --workloads code,edit,random --held-out --num-prompts 8 \
-        --output-len 128 --crossover-batch-sizes 1,16,64
+        --output-len 128 --crossover-batch-sizes "${CROSS-1,16,64}"
     ;;
 *)
     echo "usage: $0 8b|model" >&2
