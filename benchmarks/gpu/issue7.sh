@@ -20,7 +20,7 @@ DUMMY="--load-format dummy --tokenizer $TOK --dtype bfloat16 --max-model-len 409
 step() { echo "=== $* ($(date -u +%T))"; }
 [ -f .gpucarry/tok/smollm2-135m.tgz ] && tar -C .gpucarry -xzf .gpucarry/tok/smollm2-135m.tgz
 mkdir -p /tmp/model  # a part of the default GGUF carried for issue8.sh model (see there)
-for p in a b c; do [ -f .gpucarry/gguf_$p/part ] && cp .gpucarry/gguf_$p/part /tmp/model/part_$p; done
+for p in a b; do [ -f .gpucarry/gguf_$p/part ] && cp .gpucarry/gguf_$p/part /tmp/model/part_$p; done
 step environment
 { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
   python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)'

@@ -7,9 +7,9 @@
 #   bash benchmarks/gpu/issue8.sh model   the default model in bf16: off vs ngram, self-draft and
 #                                         medusa (heads trained there first by nextok train
 #                                         medusa), on code / edit / random
-# The default GGUF travels in three parts (a call carries <= 64 MiB, ~25 of it the tracked files):
-# each call keeps the parts it carries in /tmp/model (gguf_a with "8b", gguf_b with a call between,
-# e.g. issue7.sh, gguf_c with "model", all on the same warm machine) and "model" joins them. Each
+# The default GGUF travels in two halves (a call carries <= 64 MiB, ~12 of it the tracked files):
+# each call keeps the half it carries in /tmp/model (gguf_a with "8b" or any issue7.sh call,
+# gguf_b with "model", on the same warm machine) and "model" joins them. Each
 # call carries .gpucarry/tok/smollm2-135m.tgz, the tokenizer for the dummy checkpoints packed (the
 # tracked files, a third of the GGUF and the plain tokenizer pass a call's 64 MiB):
 # benchmarks/gpu/make_carry.sh.
@@ -30,8 +30,8 @@ step environment
   echo "commit ${NEXTOK_COMMIT:-unknown}"; } | tee "$OUT/env.txt"
 [ -f .gpucarry/tok/smollm2-135m.tgz ] && tar -C .gpucarry -xzf .gpucarry/tok/smollm2-135m.tgz
 mkdir -p /tmp/model
-for p in a b c; do [ -f .gpucarry/gguf_$p/part ] && cp .gpucarry/gguf_$p/part /tmp/model/part_$p; done
-[ -f /tmp/model/part_c ] && cat /tmp/model/part_{a,b,c} > $M 2>/dev/null
+for p in a b; do [ -f .gpucarry/gguf_$p/part ] && cp .gpucarry/gguf_$p/part /tmp/model/part_$p; done
+[ -f /tmp/model/part_b ] && cat /tmp/model/part_{a,b} > $M 2>/dev/null
 
 spec() {  # $1: label, then bench spec flags
     local label=$1; shift
