@@ -11,7 +11,7 @@
 # each call keeps the half it carries in /tmp/model (gguf_a with "8b" or any issue7.sh call,
 # gguf_b with "model", on the same warm machine) and "model" joins them. Each
 # call carries .gpucarry/tok/smollm2-135m.tgz, the tokenizer for the dummy checkpoints packed (the
-# tracked files, a third of the GGUF and the plain tokenizer pass a call's 64 MiB):
+# tracked files, half the GGUF and the plain tokenizer pass a call's 64 MiB):
 # benchmarks/gpu/make_carry.sh.
 # Everything written under $OUT comes back.
 set -u

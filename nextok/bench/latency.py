@@ -202,7 +202,7 @@ def weight_bytes(model, decode: bool) -> int:
 
     def walk(module):
         nonlocal total
-        if module is model.lm_head and tied and not decode and not getattr(model, "lm_head_quantized", False):
+        if module is model.lm_head and tied and not decode and not model.lm_head_quantized:
             return  # the embedding's own copy (CPU packs it as the lm_head): counted once
         # (a quantized copy, --quantize-lm-head, holds other bytes: it counts)
         if isinstance(module, BlockOrDenseLinear) and decode or isinstance(module, BlockLinear):

@@ -90,6 +90,8 @@ class LlamaForCausalLM(nn.Module):
         else:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self._linear_ops = None  # the fused ops' `linear` for the tied lm_head (set_fused_ops)
+        self.lm_head_quantized = False  # --quantize-lm-head made lm_head a quantized copy of the
+        # tied embedding (quant/base.py): memory of its own
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],

@@ -46,7 +46,7 @@ def quantize_model(model: nn.Module, method: QuantMethod, lm_head: bool = False)
         setattr(parent, attr, method.create_layer(mod.weight.detach(), bias))
     if lm_head and getattr(model, "lm_head", False) is None:  # tied to the embedding
         model.lm_head = method.create_layer(model.embed_tokens.weight.detach(), None)
-        model.lm_head_quantized = True  # a copy in other bytes (bench/latency.py weight_bytes)
+        model.lm_head_quantized = True  # memory of its own (bench/latency.py weight_bytes)
         return len(targets) + 1
     return len(targets)
 

@@ -178,7 +178,7 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     # The words of each tile are loaded one tile ahead, the first before pdl_wait: W depends on no
     # earlier kernel, so with PDL the first tile streams in while the kernel before this one (the
     # norm that writes x) finishes, instead of after it. At one row an o_proj reads 8.4 MB, ~2 us
-    # at the copy bandwidth, about what a kernel's start costs.
+    # at the copy bandwidth, about what a kernel's start costs. (Not yet timed on a GPU.)
     # (0 spelled out for the interpreter: a name assigned under an `if` is a tensor there)
     word = (0 if INTERPRET else kw_first) + wword
     w_next = tl.load(w_ptr + n4 * KW + word, mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
@@ -271,6 +271,11 @@ DEFAULT_TILES = {"1": dict(BLOCK_N=128, TW=32, num_warps=4, num_stages=3, SPLIT=
                  "16": dict(BLOCK_N=32, TW=32, num_warps=4, num_stages=3)}
 
 
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _default_tile(cls: str, n: int, device: torch.device) -> dict:
     """An untuned shape's tile: the default, with K split so that ~4 programs per SM stream W
     (the tuned one-row tiles above have 4-8 per SM: o_proj's 32 tiles split 16 ways, gate_up's
@@ -278,8 +283,7 @@ def _default_tile(cls: str, n: int, device: torch.device) -> dict:
     tile = DEFAULT_TILES[cls]
     if cls == "16":
         return tile
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = 4 * sms / triton.cdiv(n, tile["BLOCK_N"])
+    want = 4 * _sm_count(device.index or 0) / triton.cdiv(n, tile["BLOCK_N"])
     return dict(tile, SPLIT=next((s for s in (16, 8, 4, 2) if s <= want), 1))
 
 
