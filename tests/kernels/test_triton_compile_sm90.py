@@ -38,7 +38,9 @@ out = {}
 for name, fn, types, const in json.loads(sys.argv[1]):
     try:
         ptx = build(getattr(MODULES[fn[0]], fn[1]), types, const).asm["ptx"]
-        out[name] = {"ok": True, "dp4a": "dp4a.u32.s32" in ptx and "dp4a.u32.u32" in ptx, "local": ".local" in ptx}
+        first = lambda s: ptx.find(s) if s in ptx else len(ptx)
+        out[name] = {"ok": True, "dp4a": "dp4a.u32.s32" in ptx and "dp4a.u32.u32" in ptx, "local": ".local" in ptx,
+                     "load_before_wait": first("ld.global") < first("griddepcontrol.wait")}
     except Exception as e:
         out[name] = {"ok": False, "error": str(e)[-2000:]}
 print(json.dumps(out))
@@ -128,3 +130,5 @@ def test_compiles_for_sm90(built, name):
     assert not result["local"], "spills to local memory"
     if name.startswith("w4a16 dp4a"):
         assert result["dp4a"], "the dp4a instructions are gone from the PTX"
+        # the first tile of W is loaded before the PDL wait, while the kernel before finishes
+        assert result["load_before_wait"], "no weight load before griddepcontrol.wait"
