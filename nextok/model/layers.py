@@ -120,6 +120,10 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2 * I]
         if self.fused is not None:
+            # a down projection that takes gate_up itself saves the silu_mul launch (quant/int4.py)
+            down = getattr(self.down_proj, "forward_silu_mul", None)
+            if down is not None:
+                return down(gate_up, self.fused.silu_mul)
             return self.down_proj(self.fused.silu_mul(gate_up))
         gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(nn.functional.silu(gate) * up)

@@ -110,6 +110,18 @@ class Int4Linear(nn.Module):
         w = dequantize_groups(unpack_words(self.qweight), self.scales, self.mins).to(x.dtype)
         return nn.functional.linear(x, w, bias)
 
+    def forward_silu_mul(self, gate_up: torch.Tensor, silu_mul) -> torch.Tensor:
+        """The down projection of silu(gate) * up, gate_up [T, 2 in] (model/layers.py SwiGLU):
+        on CUDA, decode-sized steps read gate_up in the kernel (one launch less a layer); else
+        silu_mul (the fused ops') first, then forward."""
+        if (gate_up.is_cuda and self._kernel_ok and gate_up.dtype in (torch.bfloat16, torch.float16)
+                and gate_up.shape[0] <= triton_gemv_rows() and gate_up.stride(-1) == 1):
+            from nextok.kernels.triton.w4a16 import w4a16
+
+            bias = None if self.bias is None else self.bias.to(gate_up.dtype)
+            return w4a16(gate_up, self.qweight, self.scales, self.mins, bias, silu_mul=True)
+        return self(silu_mul(gate_up))
+
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, int4 groups of " \
                f"{self.in_features // self.scales.shape[1]}"

@@ -107,9 +107,10 @@ def _specs() -> list:
                        INTERPRET=False, KW_INTERPRET=0)))
     w4 = dict(x_ptr="*bf16", w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", b_ptr="*fp16", y_ptr="*bf16",
               part_ptr="*fp32", count_ptr="*i32")
-    for block_m, split in ((1, 8), (1, 1), (8, 4)):
-        specs.append((f"w4a16 dp4a rows={block_m} split={split}", ("w4a16", "_w4a16_dp4a_kernel"),
-                      w4, dict(WPG=16, GT=2, SPLIT=split, HAS_BIAS=True, BLOCK_M=block_m,
+    for block_m, split, silu in ((1, 8, False), (1, 1, False), (8, 4, False), (1, 2, True)):
+        specs.append((f"w4a16 dp4a rows={block_m} split={split}{' silu_mul' if silu else ''}",
+                      ("w4a16", "_w4a16_dp4a_kernel"),
+                      w4, dict(WPG=16, GT=2, SPLIT=split, HAS_BIAS=True, SILU_MUL=silu, BLOCK_M=block_m,
                                BLOCK_N=128 // block_m, PDL=True, INTERPRET=False, KW_INTERPRET=0)))
     return specs
 

@@ -101,6 +101,27 @@ def test_w4a16(dtype, shape, rows):
     _close(w4a16(x, *args), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 5, 12])
+def test_w4a16_takes_gate_up_as_the_separate_silu_mul_does(dtype, rows):
+    """silu_mul=True: the down projection reads an MLP's [gate | up] rows and multiplies
+    silu(gate) * up, bit for bit the silu_mul kernel's rounding, so the result equals the kernel
+    on that kernel's output (12 rows: the tl.dot kernel, which takes silu_mul's output)."""
+    from nextok.kernels.triton.fused import TritonFusedOps
+
+    n, k, group = SHAPES[1]
+    w, _, b = _data(dtype, n, k, rows)
+    gate_up = (torch.randn(rows, 2 * k, generator=torch.Generator().manual_seed(rows)) * 2).to(DEVICE, dtype)
+    q, d, m = quantize_groups(w, group)
+    args = (pack_words(q).to(DEVICE), d.to(DEVICE), m.to(DEVICE))
+    act = TritonFusedOps().silu_mul(gate_up)
+    assert torch.equal(w4a16(gate_up, *args, b, silu_mul=True), w4a16(act, *args, b))
+    layer = Int4Linear(q, d, m, b.cpu()).to(DEVICE)
+    _close(layer.forward_silu_mul(gate_up, TritonFusedOps().silu_mul), w4a16(act, *args, b))
+    with pytest.raises(ValueError, match="gate and up"):
+        w4a16(gate_up[:, :k], *args, silu_mul=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("rows", ROWS)

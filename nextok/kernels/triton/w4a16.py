@@ -44,6 +44,7 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from nextok.kernels.triton import pdl
+from nextok.kernels.triton.fused import _round
 from nextok.kernels.triton.pdl import pdl_wait
 
 MAX_ROWS = 16
@@ -138,7 +139,7 @@ def _bytes(v):
 @triton.jit
 def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
                        M, N, KW, G, s_xm, s_ym, WPG: tl.constexpr, GT: tl.constexpr,
-                       SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                        INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),): a program takes BLOCK_M rows of x,
@@ -148,6 +149,9 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     # sums in part [SPLIT, M, N] and the last of a tile's SPLIT programs (count [cdiv(N,
     # BLOCK_N), cdiv(M, BLOCK_M)], zeros between calls) adds them in split order and writes y.
     # Shapes below: x side [BLOCK_M, 1, GT, WPG], W side [1, BLOCK_N, GT, WPG].
+    # SILU_MUL: x's rows are an MLP's gate and up halves, [M, 16 KW], and the kernel multiplies
+    # silu(gate) * up, rounded as the separate silu_mul kernel (fused.py) rounds it: the down
+    # projection without that kernel's launch and round trip through memory.
     TW: tl.constexpr = GT * WPG
     mb = tl.cdiv(M, BLOCK_M)
     rblock = tl.program_id(0) % mb
@@ -189,8 +193,12 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
         w_next = tl.load(w_ptr + n4 * KW + word, mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
         # x in fixed point per word: x = s (256 hi + lo), s = 2^(E - 13)
         xw = kw0 + xword
-        x = tl.load(x_ptr + xrow * s_xm + xw * 8 + col, mask=xrow_ok & (xw >= kw_lo) & (xw < kw_hi),
-                    other=0.0).to(tl.float32)
+        x_ok = xrow_ok & (xw >= kw_lo) & (xw < kw_hi)
+        x = tl.load(x_ptr + xrow * s_xm + xw * 8 + col, mask=x_ok, other=0.0).to(tl.float32)
+        if SILU_MUL:
+            up = tl.load(x_ptr + xrow * s_xm + 8 * KW + xw * 8 + col, mask=x_ok, other=0.0)
+            x = _round(x / (1.0 + tl.exp(-x)), x_ptr.dtype.element_ty)
+            x = _round(x * up.to(tl.float32), x_ptr.dtype.element_ty)
         amax = tl.maximum(tl.max(tl.abs(x), axis=3), 1e-30)  # [BLOCK_M, GT, WPG]
         s = (amax.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True) * (1.0 / 8192.0)
         # round to nearest: 1.5 * 2^23 + v holds round(v) in its low mantissa bits (|v| < 2^14)
@@ -337,22 +345,32 @@ def supports(k: int, group: int) -> bool:
 
 
 def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
-          bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] @ (d * q + m).T (+ bias): words int32 [N, K / 8], d and m float16 [N, G]."""
+          bias: torch.Tensor | None = None, silu_mul: bool = False) -> torch.Tensor:
+    """x [M, K] @ (d * q + m).T (+ bias): words int32 [N, K / 8], d and m float16 [N, G].
+    silu_mul: x is [M, 2K], an MLP's gate and up halves, and the product takes silu(gate) * up
+    (in the one-row kernel; the tl.dot one, for more rows, gets it from the silu_mul kernel)."""
     rows, k = x.shape
+    if silu_mul:
+        k //= 2
     n, kw = words.shape
     group = k // d.shape[1] if d.shape[1] else 0
     if x.is_cuda and x.dtype not in (torch.bfloat16, torch.float16):
         # float32 on the GPU is for checks and takes Int4Linear's torch path: this kernel's
         # float32 tl.dot (more than one row) was not exact enough on an H200
         raise ValueError(f"W4A16 on CUDA takes bfloat16 or float16, not {x.dtype}")
-    if rows > MAX_ROWS or x.stride(-1) != 1 or k != 8 * kw or not supports(k, group):
-        raise ValueError(f"W4A16 takes <= {MAX_ROWS} unit-stride rows of K = 8 x words and groups "
-                         f"of a power of two >= 32 dividing K; got x {list(x.shape)}, words "
-                         f"{list(words.shape)}, {d.shape[1]} groups")
+    if (rows > MAX_ROWS or x.stride(-1) != 1 or k != 8 * kw or x.shape[1] != k * (1 + silu_mul)
+            or not supports(k, group)):
+        raise ValueError(f"W4A16 takes <= {MAX_ROWS} unit-stride rows of K = 8 x words "
+                         f"({'2K: gate and up' if silu_mul else 'K'} columns) and groups of a power "
+                         f"of two >= 32 dividing K; got x {list(x.shape)}, words {list(words.shape)}, "
+                         f"{d.shape[1]} groups")
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if rows:
         dot, cfg = _config(rows, n, k, group, x.device)
+        if silu_mul and dot:
+            from nextok.kernels.triton.fused import TritonFusedOps
+
+            x, silu_mul = TritonFusedOps(gemv_rows=0).silu_mul(x), False
         use_pdl = pdl.enabled(x.device)
         args = (x, words, d, m, bias if bias is not None else d, y, rows, n, kw, d.shape[1],
                 x.stride(0), y.stride(0))
@@ -361,7 +379,8 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
         if not dot:
             tiles, mb = triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(rows, cfg["BLOCK_M"])
             part, count = _scratch(x.device, cfg["SPLIT"] * rows * n, tiles * mb)
-            _w4a16_dp4a_kernel[(tiles * cfg["SPLIT"] * mb,)](*args[:6], part, count, *args[6:], **common)
+            _w4a16_dp4a_kernel[(tiles * cfg["SPLIT"] * mb,)](*args[:6], part, count, *args[6:],
+                                                             SILU_MUL=silu_mul, **common)
         else:
             _w4a16_dot_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
                 *args, IEEE=INTERPRETED or x.dtype == torch.float32, **common)
