@@ -1,7 +1,8 @@
 #!/bin/bash
 # Issue 7 (quantization) on the H200, from the repo root of the GPU machine:
 #   bash benchmarks/gpu/issue7.sh w4a16     kernel tests on CUDA; the W4A16 tile sweep; the 8B
-#                                           decode step bf16 vs int4 (W4A16), A/B interleaved
+#                                           decode step bf16 vs int4 (W4A16), A/B interleaved;
+#                                           PROFILE=1: first a profile of int4 steps by kernel
 #   bash benchmarks/gpu/issue7.sh gguf      the Triton GGUF block kernel: its tests on CUDA, then its tiles
 #                                           at the 8B layer shapes per type against bf16 (gguf_probe.py)
 #   bash benchmarks/gpu/issue7.sh fp8-kv    offline throughput 1000 x 512 -> 256, bf16 vs fp8 (and fp8
@@ -45,6 +46,11 @@ w4a16)
         timeout ${T_PROBE:-240} python3 benchmarks/gpu/w4a16_probe.py "$OUT/w4a16-probe.json" "$OUT/w4a16-table.json" \
             ${PROBE_SHAPES:-6144x4096,4096x4096,28672x4096,4096x14336} 2>&1 | grep -v "^  " | tail -12
         export NEXTOK_W4A16_CONFIGS=$OUT/w4a16-table.json
+    fi
+    if [ -n "${PROFILE:-}" ]; then  # where an int4 step's time goes, kernel by kind
+        step "profile of int4 decode steps, 8B, batch 1"
+        PROFILE_QUANT=int4 PROFILE_ASYNC_ONLY=1 timeout ${T_PROF:-100} python3 benchmarks/gpu/profile_step.py \
+            $L8B $TOK "$OUT/profile-llama-8b-int4.json" 1 2>&1 | grep -v Warning | tail -40
     fi
     for r in $(seq 1 ${ROUNDS:-2}); do
         step "8B decode step, bf16 (round $r)"; latency bf16-r$r

@@ -6,7 +6,8 @@ For each engine (async scheduling on, and off) and batch size: wall time per dec
 GPU's busy time per step (the union of kernel and copy intervals on the device) and so the idle
 gap, and the kernels that take the most time per step, grouped by kind. The prompts are fresh
 random ids (no prefix-cache hits); each run decodes STEPS tokens after a 1-token prefill run of
-the same shape, and the profile covers only the decode run.
+the same shape, and the profile covers only the decode run. PROFILE_QUANT=int4 (any
+--quantization) profiles the quantized model; PROFILE_ASYNC_ONLY=1 the async engine only.
 """
 from __future__ import annotations
 
@@ -106,7 +107,10 @@ def main() -> int:
     sizes = [int(x) for x in sys.argv[4:]] or [1, 32]
     common = dict(model=config, load_format="dummy", tokenizer=tokenizer, dtype="bfloat16",
                   max_model_len=2048, kv_cache_memory=24 << 30)
-    result = {"config": config, "steps": STEPS, "input_len": INPUT, "cases": {}}
+    quant = os.environ.get("PROFILE_QUANT")  # e.g. int4: the same steps with quantized weights
+    if quant:
+        common["quantization"] = quant
+    result = {"config": config, "steps": STEPS, "input_len": INPUT, "quantization": quant, "cases": {}}
     engines = (("async", {}), ("sync", {"async_scheduling": "off"}))
     if os.environ.get("PROFILE_ASYNC_ONLY"):
         engines = engines[:1]
