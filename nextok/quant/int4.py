@@ -9,8 +9,8 @@ rounded to float16 first, so every path holds the same dequantized weights.
   group's d and m in each of its blocks, run through the GGUF block kernels: 5 bits per weight.
 - Elsewhere: q packed eight to an int32 word, [out, in / 8], column 8j + i in bits 4i .. 4i + 3
   of word j, with d and m [out, groups]. On CUDA steps of up to 16 rows run the Triton W4A16
-  kernel (kernels/triton/w4a16.py), which dequantizes in registers; bigger steps (and other
-  devices) dequantize the weight once per call and run a dense matmul.
+  kernel (kernels/triton/w4a16.py), which dequantizes in registers; bigger steps dequantize the
+  weight once per call (on CUDA in one Triton pass) and run a dense matmul.
 """
 from __future__ import annotations
 
@@ -107,7 +107,12 @@ class Int4Linear(nn.Module):
 
             return w4a16(x if x.stride(-1) == 1 else x.contiguous(), self.qweight, self.scales,
                          self.mins, bias)
-        w = dequantize_groups(unpack_words(self.qweight), self.scales, self.mins).to(x.dtype)
+        if x.is_cuda and self._kernel_ok and triton_gemv_rows():  # bigger steps: one Triton pass
+            from nextok.kernels.triton.w4a16 import dequantize
+
+            w = dequantize(self.qweight, self.scales, self.mins, x.dtype)
+        else:
+            w = dequantize_groups(unpack_words(self.qweight), self.scales, self.mins).to(x.dtype)
         return nn.functional.linear(x, w, bias)
 
     def forward_silu_mul(self, gate_up: torch.Tensor, silu_mul) -> torch.Tensor:

@@ -105,6 +105,9 @@ def _specs() -> list:
                   dict(x_ptr="*bf16", w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", b_ptr="*fp16", y_ptr="*bf16"),
                   dict(WPG=16, GT=2, HAS_BIAS=True, BLOCK_M=16, BLOCK_N=32, PDL=True, IEEE=False,
                        INTERPRET=False, KW_INTERPRET=0)))
+    specs.append(("w4a16 dequantize", ("w4a16", "_dequant_kernel"),
+                  dict(w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", out_ptr="*bf16"),
+                  dict(WPG=16, BLOCK_N=16, BLOCK_W=64)))
     w4 = dict(x_ptr="*bf16", w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", b_ptr="*fp16", y_ptr="*bf16",
               part_ptr="*fp32", count_ptr="*i32")
     for block_m, split, silu in ((1, 8, False), (1, 1, False), (8, 4, False), (1, 2, True)):

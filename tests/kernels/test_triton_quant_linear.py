@@ -122,6 +122,27 @@ def test_w4a16_takes_gate_up_as_the_separate_silu_mul_does(dtype, rows):
         w4a16(gate_up[:, :k], *args, silu_mul=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", SHAPES[:2] + [(3, 64, 32)], ids=str)
+def test_dequantize_in_one_pass_equals_the_torch_path(dtype, shape):
+    """The prefill path's weight: dequantize_groups' float32 d * q + m rounded to dtype (on the
+    GPU a fused multiply-add may move a float32 ulp, so there within one ulp of dtype)."""
+    from nextok.kernels.triton.w4a16 import dequantize
+
+    n, k, group = shape
+    w, _, _ = _data(dtype, n, k, 1)
+    q, d, m = quantize_groups(w, group)
+    want = dequantize_groups(q, d, m).to(DEVICE, dtype)
+    got = dequantize(pack_words(q).to(DEVICE), d.to(DEVICE), m.to(DEVICE), dtype)
+    if CUDA:
+        torch.testing.assert_close(got, want, rtol=2 ** -7, atol=0)
+    else:
+        assert torch.equal(got, want)
+    dm = torch.ones(2, 2, dtype=torch.float16, device=DEVICE)  # 6 words a row: groups of 24 columns
+    with pytest.raises(ValueError, match="power-of-two"):
+        dequantize(torch.zeros(2, 6, dtype=torch.int32, device=DEVICE), dm, dm, dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("rows", ROWS)
