@@ -19,6 +19,20 @@ TOK=.gpucarry/smollm2-135m
 L8B=benchmarks/configs/llama-3.1-8b
 DUMMY="--load-format dummy --tokenizer $TOK --dtype bfloat16 --max-model-len 4096"
 step() { echo "=== $* ($(date -u +%T))"; }
+# DEADLINE=S: the call's own limit in seconds from here, or DEADLINE_AT=epoch seconds, shared by
+# several scripts in one call (a run call is killed at its limit, and a step cut short leaves
+# nothing). Each step's timeout is its cap or what is left before the deadline, whichever is
+# less; a step with under MIN_STEP seconds left is skipped, so the steps before it come back.
+[ -n "${DEADLINE:-}" ] && export DEADLINE_AT=${DEADLINE_AT:-$(( $(date +%s) + DEADLINE ))}
+t_for() {  # $1: the step's cap in seconds -> its timeout, or 0 to skip it
+    local left=$(( ${DEADLINE_AT:-$(( $(date +%s) + 100000 ))} - $(date +%s) - 5 ))
+    if [ $left -lt ${MIN_STEP:-40} ]; then echo 0; elif [ $left -lt $1 ]; then echo $left; else echo $1; fi
+}
+run_for() {  # $1: cap, then the command: runs it under t_for's timeout, or says it was skipped
+    local t; t=$(t_for $1); shift
+    if [ $t = 0 ]; then echo "skipped (deadline): $*" | cut -c1-160; return 124; fi
+    timeout $t "$@"
+}
 [ -f .gpucarry/tok/smollm2-135m.tgz ] && tar -C .gpucarry -xzf .gpucarry/tok/smollm2-135m.tgz
 mkdir -p /tmp/model  # a part of the default GGUF carried for issue8.sh model (see there)
 for p in a b; do [ -f .gpucarry/gguf_$p/part ] && cp .gpucarry/gguf_$p/part /tmp/model/part_$p; done
@@ -29,7 +43,7 @@ step environment
 
 latency() {  # $1: label, then extra flags
     local label=$1; shift
-    timeout ${T_LAT:-150} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes 1,8 \
+    run_for ${T_LAT:-150} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes 1,8 \
         --repeats 2 --cuda-graph-max-batch ${GRAPH_MAX:-32} "$@" --output "$OUT/latency-llama-8b-$label.json" 2>&1 \
         | grep -v Warning | tail -4
 }
@@ -38,18 +52,18 @@ case "${1:-}" in
 w4a16)
     if [ -z "${SKIP_TESTS:-}" ]; then
         step kernel tests on CUDA: W4A16, W8A16, FP8, int4
-        timeout ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_quant_linear.py \
+        run_for ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_quant_linear.py \
             tests/quant/test_fp8.py tests/quant/test_int4.py 2>&1 | tail -12 | tee "$OUT/kernel-tests.txt"
     fi
     if [ -z "${SKIP_PROBE:-}" ]; then  # else the committed table (kernels/triton/configs)
         step W4A16 dp4a tile sweep, Llama-3.1-8B layer shapes
-        timeout ${T_PROBE:-240} python3 benchmarks/gpu/w4a16_probe.py "$OUT/w4a16-probe.json" "$OUT/w4a16-table.json" \
+        run_for ${T_PROBE:-240} python3 benchmarks/gpu/w4a16_probe.py "$OUT/w4a16-probe.json" "$OUT/w4a16-table.json" \
             ${PROBE_SHAPES:-6144x4096,4096x4096,28672x4096,4096x14336} 2>&1 | grep -v "^  " | tail -12
         export NEXTOK_W4A16_CONFIGS=$OUT/w4a16-table.json
     fi
     if [ -n "${PROFILE:-}" ]; then  # where an int4 step's time goes, kernel by kind
         step "profile of int4 decode steps, 8B, batch 1"
-        PROFILE_QUANT=int4 PROFILE_ASYNC_ONLY=1 timeout ${T_PROF:-100} python3 benchmarks/gpu/profile_step.py \
+        PROFILE_QUANT=int4 PROFILE_ASYNC_ONLY=1 run_for ${T_PROF:-100} python3 benchmarks/gpu/profile_step.py \
             $L8B $TOK "$OUT/profile-llama-8b-int4.json" 1 2>&1 | grep -v Warning | tail -40
     fi
     for r in $(seq 1 ${ROUNDS:-2}); do
@@ -80,14 +94,14 @@ fp8-kv)
         extra=""
         [ $q = fp8 ] && extra="--quantization fp8"
         [ $q = fp8kv ] && extra="--quantization fp8 --kv-cache-dtype fp8"
-        timeout ${T_TP:-200} python3 -m nextok bench throughput --model $L8B $DUMMY --num-prompts 1000 \
+        run_for ${T_TP:-200} python3 -m nextok bench throughput --model $L8B $DUMMY --num-prompts 1000 \
             --input-len 512 --output-len 256 --kv-cache-memory-fraction ${KV_FRAC:-0.35} \
             --max-num-batched-tokens 8192 --max-num-seqs ${MAX_SEQS:-256} $extra \
             --output "$OUT/throughput-llama-8b-$q-$i.json" 2>&1 | grep -v "it/s\]" | tail -6
     done
     step KV capacity: 4k-token sequences per cache dtype, one budget
     for kind in ${KV_KINDS-auto int8 fp8}; do
-        timeout ${T_KV:-100} python3 benchmarks/gpu/kv_capacity.py $L8B $TOK "$OUT/kv-capacity-$kind.json" $kind \
+        run_for ${T_KV:-100} python3 benchmarks/gpu/kv_capacity.py $L8B $TOK "$OUT/kv-capacity-$kind.json" $kind \
             2>&1 | grep -v Warning | tail -2
     done
     ;;
