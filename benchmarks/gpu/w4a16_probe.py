@@ -12,6 +12,8 @@ o_proj reads). Writes every timing to OUT.json and the fastest tile per shape an
 TABLE.json, the format kernels/triton/w4a16.py reads (configs/w4a16_<gpu>.json; its "16"
 entries, the tl.dot tiles, are kept from the table in the repo).
 SHAPES: comma-separated NxK (default: the Llama-3.1-8B layers and Qwen2.5-Coder-7B's).
+The words are in Int4Linear's CUDA order, tiles of w4a16.LAYOUT (PROBE_LAYOUT=rowmajor: row
+order); each best tile is timed again on the words in the other order ("other_layout").
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # 
 
 DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336,4608x3584,3584x3584,37888x3584,3584x18944"
 CALLS = 24
+# the words' order swept: Int4Linear's tiles on CUDA (w4a16.LAYOUT), or PROBE_LAYOUT=rowmajor
+LAYOUT = None if os.environ.get("PROBE_LAYOUT") == "rowmajor" else w4.LAYOUT
 DP4A = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1)
         for bn, tw, nw, sp in itertools.product((64, 128), (16, 32), (4, 8), (2, 4, 8, 16))]
 # 4 and 8 rows: all rows in one program
@@ -75,7 +79,12 @@ def main() -> int:
         copies = max(2, -(-400 * 2**20 // (n * k * 2)))  # bf16 copies over 400 MB
         bfs = [bf.clone() for _ in range(copies)]
         words = pack_words(q)
-        packed = [(words.clone(), d.clone(), m.clone()) for _ in range(copies)]
+        # the layout Int4Linear keeps on CUDA (tiles), and row-major words to time the best tile on
+        other = None if LAYOUT else w4.LAYOUT
+        packed = [(w4.tile_words(words) if LAYOUT else words.clone(), d.clone(), m.clone())
+                  for _ in range(copies)]
+        packed_other = [(w4.tile_words(words) if other else words.clone(), d.clone(), m.clone())
+                        for _ in range(copies)]
         packed_bytes = words.numel() * 4 + d.numel() * 2 + m.numel() * 2
         ref_w = dequantize_groups(q, d, m)
         del w, q
@@ -90,14 +99,18 @@ def main() -> int:
             for cfg in grid:
                 w4.set_config(cfg)
                 try:
-                    us = graph_us(lambda i: w4.w4a16(x, *packed[i]), copies)
-                    err = (w4.w4a16(x, *packed[0]).float() - ref).abs().max().item()
+                    us = graph_us(lambda i: w4.w4a16(x, *packed[i], layout=LAYOUT), copies)
+                    err = (w4.w4a16(x, *packed[0], layout=LAYOUT).float() - ref).abs().max().item()
                 except Exception as e:  # a tile the compiler or the SM cannot take
                     print(f"  {n}x{k} rows {mrows} {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                     continue
                 sweep.append(dict(cfg or {}, us=us, max_diff=err))
-            w4.set_config(None)
             best = min(sweep, key=lambda s: s["us"])
+            # the best tile on the words in the other order: what the layout is worth
+            w4.set_config({key: best[key] for key in grid[0]})
+            r["other_layout"] = {"layout": other, "us": graph_us(
+                lambda i: w4.w4a16(x, *packed_other[i], layout=other), copies)}
+            w4.set_config(None)
             r["sweep"], r["best"] = sweep, best
             r["w4a16_us"] = best["us"]
             r["w4a16_tbps"] = packed_bytes / best["us"] / 1e6
@@ -106,7 +119,7 @@ def main() -> int:
             table.setdefault(f"{n}x{k}", {})[str(mrows)] = {key: best[key] for key in DP4A[0]}
             if mrows == 8:  # the tl.dot kernel's tile from the repo's table, beside it
                 w4.DP4A_ROWS = 4
-                r["dot_us"] = graph_us(lambda i: w4.w4a16(x, *packed[i]), copies)
+                r["dot_us"] = graph_us(lambda i: w4.w4a16(x, *packed[i], layout=LAYOUT), copies)
                 w4.DP4A_ROWS = 8
                 print(f"  8 rows through the tl.dot kernel: {r['dot_us']:.1f} us", flush=True)
                 if r["dot_us"] < best["us"]:
@@ -115,8 +128,10 @@ def main() -> int:
             print(f"{n:>6}x{k:<6} rows {mrows}: bf16 cuBLAS {r['bf16_cublas_us']:6.1f} us, GEMV "
                   f"{r['bf16_gemv_us']:6.1f} us ({r['bf16_tbps']:.2f} TB/s) | w4a16 {best['us']:6.1f} us "
                   f"({r['w4a16_tbps']:.2f} TB/s, {bf_best / best['us']:.2f}x) max diff {best['max_diff']:.3g} "
-                  f"tile {({k_: v for k_, v in best.items() if k_ not in ('us', 'max_diff')})}", flush=True)
-        del bfs, packed
+                  f"tile {({k_: v for k_, v in best.items() if k_ not in ('us', 'max_diff')})}; "
+                  f"words {'row-major' if other is None else 'in tiles'}: {r['other_layout']['us']:.1f} us",
+                  flush=True)
+        del bfs, packed, packed_other
         torch.cuda.empty_cache()
     kept = w4._tuned(torch.cuda.get_device_name(dev))  # the repo's table: its tl.dot tiles stay
     for shape, entry in kept.items():
@@ -125,7 +140,7 @@ def main() -> int:
     with open(table_path, "w") as f:
         json.dump(table, f, indent=1, sort_keys=True)
     with open(out_path, "w") as f:
-        json.dump(header({"rows": rows}), f, indent=1)
+        json.dump(header({"layout": LAYOUT, "rows": rows}), f, indent=1)
     return 0
 
 

@@ -100,9 +100,11 @@ def check_fits(context: int, block_size: int, num_blocks: int, max_model_len: in
 
 
 class WindowScorer:
-    """Forwards one window at a time through the engine's model on scratch blocks 1.. of its
-    idle KV pool (free whenever no request runs; their prefix-cache entries are dropped first,
-    since their contents get overwritten)."""
+    """Forwards windows through the engine's model on scratch blocks 1.. of its idle KV pool
+    (free whenever no request runs; their prefix-cache entries are dropped first, since their
+    contents get overwritten): one at a time, or several of one length as one step's prefills."""
+
+    MAX_BATCH_TOKENS = 2048  # hidden_many's windows per forward: their logits fit in memory
 
     def __init__(self, llm, context: int):
         engine = llm.engine
@@ -115,9 +117,15 @@ class WindowScorer:
         self.model, self.kv_caches, self.device = runner.model, runner.kv_caches, runner.device
         self.block_size = runner.block_size
         self.sliding_window = engine.config.model.sliding_window
-        self.table = torch.arange(1, nblocks + 1, device=self.device)  # [nblocks]
+        # window i of a batch on blocks 1 + i * nblocks ..: as many as the pool holds
+        self.max_windows = max(1, (bm.num_blocks - 1) // nblocks)
+        self.tables = torch.arange(1, self.max_windows * nblocks + 1,
+                                   device=self.device).view(self.max_windows, nblocks)
+        self.table = self.tables[0]  # [nblocks]
         offsets = torch.arange(self.block_size, device=self.device)
-        self.slots = (self.table[:, None] * self.block_size + offsets).reshape(-1)  # [nblocks * bs]
+        # [max_windows, nblocks * bs]: the pool slot of each window's positions
+        self.window_slots = (self.tables[:, :, None] * self.block_size + offsets).flatten(1)
+        self.slots = self.window_slots[0]
         self.positions = torch.arange(nblocks * self.block_size, device=self.device)
 
     @torch.inference_mode()
@@ -131,6 +139,26 @@ class WindowScorer:
                                  prefills=[PrefillChunk(0, n, n, table)],
                                  sliding_window=self.sliding_window)
         return self.model(ids, self.positions[:n], self.kv_caches, meta)
+
+    def batch_size(self, n: int) -> int:
+        """Windows of n tokens hidden_many takes at once."""
+        return max(1, min(self.max_windows, self.MAX_BATCH_TOKENS // max(n, 1)))
+
+    @torch.inference_mode()
+    def hidden_many(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, n] (B <= batch_size(n), on the device), each row a window at positions 0..
+        -> final hidden states [B, n, hidden]: one forward with B prefills instead of B
+        forwards (on the GPU a 256-token window alone is a launch-bound step)."""
+        b, n = ids.shape
+        if b > self.max_windows:
+            raise ValueError(f"{b} windows at once, the KV pool holds {self.max_windows}")
+        nb = -(-n // self.block_size)
+        chunks = [PrefillChunk(i * n, n, n, self.tables[i, :nb]) for i in range(b)]
+        meta = AttentionMetadata(slot_mapping=self.window_slots[:b, :n].reshape(-1), num_decode=0,
+                                 decode_block_tables=None, decode_context_lens=None, decode_mask=None,
+                                 prefills=chunks, sliding_window=self.sliding_window)
+        hidden = self.model(ids.reshape(-1), self.positions[:n].repeat(b), self.kv_caches, meta)
+        return hidden.view(b, n, -1)
 
     @torch.inference_mode()
     def nll(self, ids: torch.Tensor, w: Window) -> torch.Tensor:

@@ -8,9 +8,11 @@ rounded to float16 first, so every path holds the same dequantized weights.
 - CPU, float32: GGUF Q4_1 blocks (float16 d and m, 16 bytes of nibbles per 32 weights) with the
   group's d and m in each of its blocks, run through the GGUF block kernels: 5 bits per weight.
 - Elsewhere: q packed eight to an int32 word, [out, in / 8], column 8j + i in bits 4i .. 4i + 3
-  of word j, with d and m [out, groups]. On CUDA steps of up to 16 rows run the Triton W4A16
-  kernel (kernels/triton/w4a16.py), which dequantizes in registers; bigger steps dequantize the
-  weight once per call (on CUDA in one Triton pass) and run a dense matmul.
+  of word j, with d and m [out, groups]; on CUDA the words in contiguous tiles of 64 rows x 16
+  words (kernels/triton/w4a16.py LAYOUT: DRAM streams whole tiles, not short runs of rows).
+  On CUDA steps of up to 16 rows run the Triton W4A16 kernel (kernels/triton/w4a16.py), which
+  dequantizes in registers; bigger steps dequantize the weight once per call (on CUDA in one
+  Triton pass) and run a dense matmul.
 """
 from __future__ import annotations
 
@@ -92,12 +94,37 @@ class Int4Linear(nn.Module):
     def __init__(self, q, d, m, bias):
         super().__init__()
         self.out_features, self.in_features = q.shape
-        for name, t in (("qweight", pack_words(q)), ("scales", d), ("mins", m)):
-            self.register_buffer(name, t)
-        self.bias = bias_parameter(bias)
         group = self.in_features // d.shape[1]
         # the kernel's tiles take groups of a power of two (others: the torch path)
         self._kernel_ok = group >= 32 and group & (group - 1) == 0
+        self.layout = None  # on CUDA the words are kept in contiguous tiles (kernels/triton/w4a16.py)
+        for name, t in (("qweight", pack_words(q)), ("scales", d), ("mins", m)):
+            self.register_buffer(name, t)
+        self.bias = bias_parameter(bias)
+        if q.is_cuda and self._kernel_ok and triton_gemv_rows():
+            from nextok.kernels.triton.w4a16 import LAYOUT
+
+            self.set_layout(LAYOUT)
+
+    def set_layout(self, layout: tuple[int, int] | None) -> None:
+        """Keep the words row-major (None) or in tiles of layout (rows, words), where their shape
+        allows it (kernels/triton/w4a16.py tile_words)."""
+        from nextok.kernels.triton.w4a16 import can_tile, tile_words
+
+        words = self.row_major_words()
+        if layout is not None and can_tile(*words.shape, layout):
+            words = tile_words(words, layout)
+        else:
+            layout = None
+        self.qweight, self.layout = words, layout
+
+    def row_major_words(self) -> torch.Tensor:
+        """qweight as int32 [out, in / 8] in row order, whatever its layout."""
+        if self.layout is None:
+            return self.qweight
+        from nextok.kernels.triton.w4a16 import untile_words
+
+        return untile_words(self.qweight, self.layout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
@@ -106,13 +133,13 @@ class Int4Linear(nn.Module):
             from nextok.kernels.triton.w4a16 import w4a16
 
             return w4a16(x if x.stride(-1) == 1 else x.contiguous(), self.qweight, self.scales,
-                         self.mins, bias)
+                         self.mins, bias, layout=self.layout)
         if x.is_cuda and self._kernel_ok and triton_gemv_rows():  # bigger steps: one Triton pass
             from nextok.kernels.triton.w4a16 import dequantize
 
-            w = dequantize(self.qweight, self.scales, self.mins, x.dtype)
+            w = dequantize(self.qweight, self.scales, self.mins, x.dtype, layout=self.layout)
         else:
-            w = dequantize_groups(unpack_words(self.qweight), self.scales, self.mins).to(x.dtype)
+            w = dequantize_groups(unpack_words(self.row_major_words()), self.scales, self.mins).to(x.dtype)
         return nn.functional.linear(x, w, bias)
 
     def forward_silu_mul(self, gate_up: torch.Tensor, silu_mul) -> torch.Tensor:
@@ -124,7 +151,8 @@ class Int4Linear(nn.Module):
             from nextok.kernels.triton.w4a16 import w4a16
 
             bias = None if self.bias is None else self.bias.to(gate_up.dtype)
-            return w4a16(gate_up, self.qweight, self.scales, self.mins, bias, silu_mul=True)
+            return w4a16(gate_up, self.qweight, self.scales, self.mins, bias, silu_mul=True,
+                         layout=self.layout)
         return self(silu_mul(gate_up))
 
     def extra_repr(self) -> str:

@@ -145,10 +145,11 @@ def hidden_pool(llm, windows: list[list[int]]) -> dict[str, torch.Tensor]:
     hidden = torch.empty(len(windows), seq_len, scorer.model.config.hidden_size,
                          dtype=torch.bfloat16, device=scorer.device)
     greedy = torch.empty_like(ids)
-    for w in range(len(windows)):
-        h = scorer.hidden(ids[w])  # [L, hidden]
-        hidden[w] = h
-        greedy[w] = scorer.model.compute_logits(h).argmax(dim=-1)
+    step = scorer.batch_size(seq_len)
+    for w in range(0, len(windows), step):
+        h = scorer.hidden_many(ids[w:w + step])  # [B, L, hidden]
+        hidden[w:w + step] = h
+        greedy[w:w + step] = scorer.model.compute_logits(h.flatten(0, 1)).argmax(dim=-1).view(h.shape[:2])
     return {"hidden": hidden, "ids": ids, "greedy": greedy}
 
 

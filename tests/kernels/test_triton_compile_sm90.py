@@ -40,7 +40,8 @@ for name, fn, types, const in json.loads(sys.argv[1]):
         ptx = build(getattr(MODULES[fn[0]], fn[1]), types, const).asm["ptx"]
         first = lambda s: ptx.find(s) if s in ptx else len(ptx)
         out[name] = {"ok": True, "dp4a": "dp4a.u32.s32" in ptx and "dp4a.u32.u32" in ptx, "local": ".local" in ptx,
-                     "load_before_wait": first("ld.global") < first("griddepcontrol.wait")}
+                     "load_before_wait": first("ld.global") < first("griddepcontrol.wait"),
+                     "v4_loads": "ld.global.v4" in ptx}
     except Exception as e:
         out[name] = {"ok": False, "error": str(e)[-2000:]}
 print(json.dumps(out))
@@ -101,20 +102,26 @@ def _specs() -> list:
                 specs.append((f"gguf dequantize type={type_id}", ("gguf_linear", "_dequant_kernel"),
                               dict(w_ptr="*u8", out_ptr="*bf16"),
                               dict(TYPE=type_id, QK=qk, NB=nb, S=sub, BLOCK_N=32)))
-    specs.append(("w4a16 tl.dot kernel", ("w4a16", "_w4a16_dot_kernel"),
-                  dict(x_ptr="*bf16", w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", b_ptr="*fp16", y_ptr="*bf16"),
-                  dict(WPG=16, GT=2, HAS_BIAS=True, BLOCK_M=16, BLOCK_N=32, PDL=True, IEEE=False,
-                       INTERPRET=False, KW_INTERPRET=0)))
-    specs.append(("w4a16 dequantize", ("w4a16", "_dequant_kernel"),
-                  dict(w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", out_ptr="*bf16"),
-                  dict(WPG=16, BLOCK_N=16, BLOCK_W=64)))
+    for ln, lw in ((0, 1), (64, 16)):
+        specs.append((f"w4a16 tl.dot kernel tiles={ln}x{lw}", ("w4a16", "_w4a16_dot_kernel"),
+                      dict(x_ptr="*bf16", w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", b_ptr="*fp16",
+                           y_ptr="*bf16"),
+                      dict(WPG=16, GT=2, HAS_BIAS=True, BLOCK_M=16, BLOCK_N=32, PDL=True, IEEE=False,
+                           INTERPRET=False, KW_INTERPRET=0, LN=ln, LW=lw)))
+    for ln, lw in ((0, 1), (64, 16)):  # row-major words, and tiled (w4a16.LAYOUT)
+        specs.append((f"w4a16 dequantize tiles={ln}x{lw}", ("w4a16", "_dequant_kernel"),
+                      dict(w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", out_ptr="*bf16"),
+                      dict(WPG=16, BLOCK_N=16, BLOCK_W=64, LN=ln, LW=lw)))
     w4 = dict(x_ptr="*bf16", w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", b_ptr="*fp16", y_ptr="*bf16",
               part_ptr="*fp32", count_ptr="*i32")
-    for block_m, split, silu in ((1, 8, False), (1, 1, False), (8, 4, False), (1, 2, True)):
-        specs.append((f"w4a16 dp4a rows={block_m} split={split}{' silu_mul' if silu else ''}",
-                      ("w4a16", "_w4a16_dp4a_kernel"),
-                      w4, dict(WPG=16, GT=2, SPLIT=split, HAS_BIAS=True, SILU_MUL=silu, BLOCK_M=block_m,
-                               BLOCK_N=128 // block_m, PDL=True, INTERPRET=False, KW_INTERPRET=0)))
+    for block_m, split, silu, ln, gt in ((1, 8, False, 0, 2), (1, 1, False, 0, 2), (8, 4, False, 0, 2),
+                                         (1, 2, True, 0, 2), (1, 8, False, 64, 2), (1, 8, True, 64, 1),
+                                         (4, 4, False, 64, 2)):
+        specs.append((f"w4a16 dp4a rows={block_m} split={split}{' silu_mul' if silu else ''} "
+                      f"tiles={ln} GT={gt}", ("w4a16", "_w4a16_dp4a_kernel"),
+                      w4, dict(WPG=16, GT=gt, SPLIT=split, HAS_BIAS=True, SILU_MUL=silu, BLOCK_M=block_m,
+                               BLOCK_N=128 // block_m, PDL=True, INTERPRET=False, KW_INTERPRET=0,
+                               LN=ln, LW=16 if ln else 1)))
     return specs
 
 
@@ -136,3 +143,6 @@ def test_compiles_for_sm90(built, name):
         assert result["dp4a"], "the dp4a instructions are gone from the PTX"
         # the first tile of W is loaded before the PDL wait, while the kernel before finishes
         assert result["load_before_wait"], "no weight load before griddepcontrol.wait"
+        # W in 16-byte loads, tiled words too (through // and % the compiler's alignment
+        # analysis loses track, and a tiled kernel fell to 4-byte loads, 28 instructions a word)
+        assert result["v4_loads"], "the weight loads are not 16-byte vectors"

@@ -68,6 +68,22 @@ def test_training_lowers_the_heads_loss(tiny):
     assert {"commit", "command", "machine"} <= log.keys()  # where and how it was trained
 
 
+def test_windows_in_one_forward_equal_one_at_a_time(tiny):
+    """hidden_pool's batches: B windows as B prefills of one step (each on its own blocks of the
+    pool, 3 here: 7 free blocks, 2 a window) give each window's hidden states alone."""
+    from nextok.eval.ppl import WindowScorer
+
+    scorer = WindowScorer(tiny.llm, 33)
+    assert scorer.max_windows == 3 and scorer.batch_size(32) == 3
+    ids = torch.randint(0, 49152, (3, 32), generator=torch.Generator().manual_seed(1))
+    many = scorer.hidden_many(ids)
+    assert many.shape == (3, 32, 64)
+    for i in range(3):
+        torch.testing.assert_close(many[i], scorer.hidden(ids[i]), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="holds 3"):
+        scorer.hidden_many(torch.zeros(4, 32, dtype=torch.long))
+
+
 def test_targets_are_two_and_more_places_ahead():
     """Head i at position t: the data's token t + 2 + i, or the model's guess made at t + 1 + i."""
     ids = torch.arange(10).unsqueeze(0)  # token t at position t

@@ -3,7 +3,8 @@
 
 Weight layout (quant/int4.py, Int4Linear): `words` int32 [N, K / 8], word j of a row holds columns
 8j .. 8j + 7, column 8j + i in bits 4i .. 4i + 3; per row and group of GROUP columns a scale d and
-a min m, float16 [N, K / GROUP]: W = d * q + m.
+a min m, float16 [N, K / GROUP]: W = d * q + m. On CUDA the words are stored in contiguous tiles
+of 64 rows x 16 words (LAYOUT, tile_words below; the kernels take either order).
 
 Why integer dot products for 1-8 rows: at batch 1 an 8B step must stream ~4 GB of nibbles at ~4
 TB/s, 8 * 10^12 weights a second, and an H200 SM issues 128 lane-instructions a clock: a few
@@ -65,10 +66,36 @@ def _nibble(w, hi, i: tl.constexpr):
 
 
 @triton.jit
+def _tile_ptrs(w_ptr, n, wl, KW, TW: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr):
+    # Pointers to words wl (0 <= wl < TW) of rows n for the tile whose first word is 0; the
+    # tile at word kw0 (a multiple of TW) is these + _tile_step(kw0). Row-major words [N, KW]
+    # (LN = 0), or tiles of LN rows x LW words, each contiguous, [N / LN, KW / LW, LN, LW]
+    # (tile_words), with TW a multiple of LW. Split this way, a loop over K adds one product to
+    # pointers computed once, which the compiler's alignment analysis follows (through // and
+    # % it loses track, and the loads stop being 16-byte vectors).
+    if LN == 0:
+        return w_ptr + n * KW + wl
+    elif TW == LW:
+        return w_ptr + (n // LN) * (KW * LN) + (n % LN) * LW + wl
+    else:
+        return w_ptr + (n // LN) * (KW * LN) + (n % LN) * LW + (wl // LW) * (LN * LW) + wl % LW
+
+
+@triton.jit
+def _tile_step(kw0, LN: tl.constexpr):
+    # with tiles: kw0 / LW whole tiles of LN * LW words further
+    if LN == 0:
+        return kw0
+    else:
+        return kw0 * LN
+
+
+@triton.jit
 def _w4a16_dot_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, M, N, KW, G, s_xm, s_ym,
                       WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-                      IEEE: tl.constexpr, INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr):
+                      IEEE: tl.constexpr, INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr,
+                      LN: tl.constexpr, LW: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N),). x [M, 8 * KW] unit-stride rows; words [N, KW]; d, m [N, G];
     # y [M, N]. A tile: [BLOCK_N, GT, WPG] words (WPG words per group). KW is a runtime
     # argument; the interpreter cannot loop to one, so there the loop runs to KW_INTERPRET.
@@ -84,9 +111,10 @@ def _w4a16_dot_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, M, N, KW, G, s_x
     row_ok = rows < M
     t = tl.arange(0, TW)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    w_tile = _tile_ptrs(w_ptr, n3, g3 * WPG + j3, KW, TW, LN, LW)
     for kw0 in range(0, KW_INTERPRET if INTERPRET else KW, TW):
         word = kw0 + g3 * WPG + j3  # [1, GT, WPG]
-        w = tl.load(w_ptr + n3 * KW + word, mask=n_ok3 & (word < KW), other=0)  # [BLOCK_N, GT, WPG]
+        w = tl.load(w_tile + _tile_step(kw0, LN), mask=n_ok3 & (word < KW), other=0)  # [BLOCK_N, GT, WPG]
         hi = w >> 16
         grp = kw0 // WPG + g3  # [1, GT, 1]
         g_mask = n_ok3 & (grp < G)
@@ -141,7 +169,8 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
                        M, N, KW, G, s_xm, s_ym, WPG: tl.constexpr, GT: tl.constexpr,
                        SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-                       INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr):
+                       INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr, LN: tl.constexpr,
+                       LW: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),): a program takes BLOCK_M rows of x,
     # BLOCK_N rows of W and a SPLIT-th of K; the programs of one tile of W run side by side, so
     # its bytes come from DRAM once. x [M, 8 KW]; words [N, KW]; d, m [N, G]; y [M, N]. A tile:
@@ -183,14 +212,20 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     # earlier kernel, so with PDL the first tile streams in while the kernel before this one (the
     # norm that writes x) finishes, instead of after it. At one row an o_proj reads 8.4 MB, ~2 us
     # at the copy bandwidth, about what a kernel's start costs. (Not yet timed on a GPU.)
-    # (0 spelled out for the interpreter: a name assigned under an `if` is a tensor there)
-    word = (0 if INTERPRET else kw_first) + wword
-    w_next = tl.load(w_ptr + n4 * KW + word, mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
+    # W's pointers for the tile at word 0, once; each tile adds _tile_step of its first word.
+    # (kw_start: 0 spelled out for the interpreter, where a name assigned under an `if` is a
+    # tensor)
+    w_tile = _tile_ptrs(w_ptr, n4, wword, KW, TW, LN, LW)
+    kw_start = 0 if INTERPRET else kw_first
+    word = kw_start + wword
+    w_next = tl.load(w_tile + _tile_step(kw_start, LN), mask=n_ok4 & (word >= kw_lo) & (word < kw_hi),
+                     other=0)
     pdl_wait(PDL)
     for kw0 in range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi, TW):
         w = w_next
         word = kw0 + TW + wword
-        w_next = tl.load(w_ptr + n4 * KW + word, mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
+        w_next = tl.load(w_tile + _tile_step(kw0 + TW, LN),
+                         mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
         # x in fixed point per word: x = s (256 hi + lo), s = 2^(E - 13)
         xw = kw0 + xword
         x_ok = xrow_ok & (xw >= kw_lo) & (xw < kw_hi)
@@ -245,13 +280,14 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
 
 @triton.jit
 def _dequant_kernel(w_ptr, d_ptr, m_ptr, out_ptr, N, KW, G, WPG: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_W: tl.constexpr):
+                    BLOCK_W: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr):
     # Program (block of rows, block of words): out [N, 8 KW] = d * q + m in out's dtype, as
     # float32 then rounded (dequantize_groups' arithmetic). words [N, KW]; d, m [N, G].
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     j = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     ok = (n < N)[:, None] & (j < KW)[None, :]
-    w = tl.load(w_ptr + n[:, None].to(tl.int64) * KW + j[None, :], mask=ok, other=0)  # [BLOCK_N, BLOCK_W]
+    w = tl.load(_tile_ptrs(w_ptr, n[:, None].to(tl.int64), j[None, :], KW, 0, LN, LW), mask=ok,
+                other=0)  # [BLOCK_N, BLOCK_W] (TW = 0: j may span tiles)
     grp = n[:, None] * G + j[None, :] // WPG
     d = tl.load(d_ptr + grp, mask=ok, other=0.0).to(tl.float32)
     mn = tl.load(m_ptr + grp, mask=ok, other=0.0).to(tl.float32)
@@ -262,10 +298,43 @@ def _dequant_kernel(w_ptr, d_ptr, m_ptr, out_ptr, N, KW, G, WPG: tl.constexpr, B
     tl.store(out_ptr + n[:, None, None].to(tl.int64) * (8 * KW) + col, val, mask=ok[:, :, None])
 
 
-def dequantize(words: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The weight d * q + m [N, 8 KW] in dtype, in one pass (words int32 [N, KW], d and m [N, G]):
-    for prefill-sized steps, which then multiply with cuBLAS. In torch the same is five passes
-    over [N, K], one in float32 (an 8B model's 128-token prefill took 3.5x bf16's on an H100)."""
+# The words' layout on CUDA (Int4Linear): tiles of LAYOUT = (rows, words), each tile contiguous.
+# Why: in row-major order a program's tile of 128 rows x 32 words is 128 runs of 128 bytes, 2-7
+# KB apart, and DRAM serves short scattered runs at well under its copy bandwidth. The one-row
+# kernel read ~2.3 TB/s of 4.25 on an H200, and the 8B step took 1.42x as long on an H100 with
+# 1.42x less bandwidth and the same SMs and clock: bound by memory, not by instructions. In
+# tiles a program streams 4 KB tiles, consecutive along K (a kernel's TW must be a multiple of
+# the tile's 16 words; every CUDA tile is). (Not yet timed on a GPU.)
+LAYOUT = (64, 16)
+
+
+def tile_words(words: torch.Tensor, layout: tuple[int, int] = LAYOUT) -> torch.Tensor:
+    """Row-major words [N, KW] -> the same words in tiles of layout (LN rows, LW words), stored
+    [N / LN, KW / LW, LN, LW], returned as an [N, KW] tensor (N and KW multiples of LN, LW)."""
+    (n, kw), (ln, lw) = words.shape, layout
+    return words.view(n // ln, ln, kw // lw, lw).transpose(1, 2).contiguous().view(n, kw)
+
+
+def untile_words(words: torch.Tensor, layout: tuple[int, int] = LAYOUT) -> torch.Tensor:
+    """tile_words' inverse."""
+    (n, kw), (ln, lw) = words.shape, layout
+    return words.view(n // ln, kw // lw, ln, lw).transpose(1, 2).contiguous().view(n, kw)
+
+
+def can_tile(n: int, kw: int, layout: tuple[int, int] = LAYOUT) -> bool:
+    return n % layout[0] == 0 and kw % layout[1] == 0
+
+
+def _layout_args(layout: tuple[int, int] | None) -> dict:
+    return dict(LN=layout[0], LW=layout[1]) if layout else dict(LN=0, LW=1)
+
+
+def dequantize(words: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtype: torch.dtype,
+               layout: tuple[int, int] | None = None) -> torch.Tensor:
+    """The weight d * q + m [N, 8 KW] in dtype, in one pass (words int32 [N, KW], tiled if layout,
+    d and m [N, G]): for prefill-sized steps, which then multiply with cuBLAS. In torch the same
+    is five passes over [N, K], one in float32 (an 8B model's 128-token prefill took 3.5x bf16's
+    on an H100)."""
     n, kw = words.shape
     out = torch.empty(n, 8 * kw, dtype=dtype, device=words.device)
     g = d.shape[1]
@@ -273,9 +342,12 @@ def dequantize(words: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtype: tor
         wpg = kw // g
         if wpg * g != kw or wpg & (wpg - 1):
             raise ValueError(f"{kw} words a row do not make {g} groups of a power-of-two size")
+        if layout and not can_tile(n, kw, layout):
+            raise ValueError(f"words {[n, kw]} do not make tiles of {layout} (rows, words)")
         block_w = min(64, triton.next_power_of_2(kw))
         _dequant_kernel[(triton.cdiv(n, 16), triton.cdiv(kw, block_w))](
-            words, d, m, out, n, kw, g, WPG=wpg, BLOCK_N=16, BLOCK_W=block_w, num_warps=4)
+            words, d, m, out, n, kw, g, WPG=wpg, BLOCK_N=16, BLOCK_W=block_w, num_warps=4,
+            **_layout_args(layout))
     return out
 
 
@@ -383,8 +455,10 @@ def supports(k: int, group: int) -> bool:
 
 
 def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
-          bias: torch.Tensor | None = None, silu_mul: bool = False) -> torch.Tensor:
-    """x [M, K] @ (d * q + m).T (+ bias): words int32 [N, K / 8], d and m float16 [N, G].
+          bias: torch.Tensor | None = None, silu_mul: bool = False,
+          layout: tuple[int, int] | None = None) -> torch.Tensor:
+    """x [M, K] @ (d * q + m).T (+ bias): words int32 [N, K / 8] (in tiles if layout:
+    tile_words), d and m float16 [N, G].
     silu_mul: x is [M, 2K], an MLP's gate and up halves, and the product takes silu(gate) * up
     (in the one-row kernel; the tl.dot one, for more rows, gets it from the silu_mul kernel)."""
     rows, k = x.shape
@@ -402,9 +476,14 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
                          f"({'2K: gate and up' if silu_mul else 'K'} columns) and groups of a power "
                          f"of two >= 32 dividing K; got x {list(x.shape)}, words {list(words.shape)}, "
                          f"{d.shape[1]} groups")
+    if layout and not can_tile(n, kw, layout):
+        raise ValueError(f"words {list(words.shape)} do not make tiles of {layout} (rows, words)")
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if rows:
         dot, cfg = _config(rows, n, k, group, x.device)
+        if layout and (cfg["GT"] * group // 8) % layout[1]:
+            raise ValueError(f"a tile of {cfg['GT'] * group // 8} words does not read whole "
+                             f"{layout[1]}-word tiles")
         if silu_mul and dot:
             from nextok.kernels.triton.fused import TritonFusedOps
 
@@ -413,7 +492,8 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
         args = (x, words, d, m, bias if bias is not None else d, y, rows, n, kw, d.shape[1],
                 x.stride(0), y.stride(0))
         common = dict(WPG=group // 8, HAS_BIAS=bias is not None, PDL=use_pdl, INTERPRET=INTERPRETED,
-                      KW_INTERPRET=kw if INTERPRETED else 0, launch_pdl=use_pdl, **cfg)
+                      KW_INTERPRET=kw if INTERPRETED else 0, launch_pdl=use_pdl,
+                      **_layout_args(layout), **cfg)
         if not dot:
             tiles, mb = triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(rows, cfg["BLOCK_M"])
             part, count = _scratch(x.device, cfg["SPLIT"] * rows * n, tiles * mb)
