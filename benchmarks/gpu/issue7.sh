@@ -19,20 +19,7 @@ TOK=.gpucarry/smollm2-135m
 L8B=benchmarks/configs/llama-3.1-8b
 DUMMY="--load-format dummy --tokenizer $TOK --dtype bfloat16 --max-model-len 4096"
 step() { echo "=== $* ($(date -u +%T))"; }
-# DEADLINE=S: the call's own limit in seconds from here, or DEADLINE_AT=epoch seconds, shared by
-# several scripts in one call (a run call is killed at its limit, and a step cut short leaves
-# nothing). Each step's timeout is its cap or what is left before the deadline, whichever is
-# less; a step with under MIN_STEP seconds left is skipped, so the steps before it come back.
-[ -n "${DEADLINE:-}" ] && export DEADLINE_AT=${DEADLINE_AT:-$(( $(date +%s) + DEADLINE ))}
-t_for() {  # $1: the step's cap in seconds -> its timeout, or 0 to skip it
-    local left=$(( ${DEADLINE_AT:-$(( $(date +%s) + 100000 ))} - $(date +%s) - 5 ))
-    if [ $left -lt ${MIN_STEP:-40} ]; then echo 0; elif [ $left -lt $1 ]; then echo $left; else echo $1; fi
-}
-run_for() {  # $1: cap, then the command: runs it under t_for's timeout, or says it was skipped
-    local t; t=$(t_for $1); shift
-    if [ $t = 0 ]; then echo "skipped (deadline): $*" | cut -c1-160; return 124; fi
-    timeout $t "$@"
-}
+. benchmarks/gpu/deadline.sh  # run_for CAP CMD...: CMD under the call's deadline (DEADLINE=S)
 [ -f .gpucarry/tok/smollm2-135m.tgz ] && tar -C .gpucarry -xzf .gpucarry/tok/smollm2-135m.tgz
 mkdir -p /tmp/model  # a part of the default GGUF carried for issue8.sh model (see there)
 for p in a b; do [ -f .gpucarry/gguf_$p/part ] && cp .gpucarry/gguf_$p/part /tmp/model/part_$p; done
