@@ -12,7 +12,7 @@ o_proj reads). Writes every timing to OUT.json and the fastest tile per shape an
 TABLE.json, the format kernels/triton/w4a16.py reads (configs/w4a16_<gpu>.json; its "16"
 entries, the tl.dot tiles, are kept from the table in the repo).
 SHAPES: comma-separated NxK (default: the Llama-3.1-8B layers and Qwen2.5-Coder-7B's).
-The words are in Int4Linear's CUDA order, tiles of w4a16.LAYOUT (PROBE_LAYOUT=rowmajor: row
+The words are in Int4Linear's CUDA order, tiles of int4_words.LAYOUT (PROBE_LAYOUT=rowmajor: row
 order); each best tile is timed again on the words in the other order ("other_layout").
 """
 from __future__ import annotations
@@ -28,14 +28,15 @@ import torch.nn.functional as F
 sys.path.insert(0, os.getcwd())
 
 from nextok.bench.common import header  # noqa: E402
+from nextok.kernels.triton import int4_words as words4  # noqa: E402
 from nextok.kernels.triton import w4a16 as w4  # noqa: E402
 from nextok.kernels.triton.gemv import gemv  # noqa: E402
 from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # noqa: E402
 
 DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336,4608x3584,3584x3584,37888x3584,3584x18944"
 CALLS = 24
-# the words' order swept: Int4Linear's tiles on CUDA (w4a16.LAYOUT), or PROBE_LAYOUT=rowmajor
-LAYOUT = None if os.environ.get("PROBE_LAYOUT") == "rowmajor" else w4.LAYOUT
+# the words' order swept: Int4Linear's tiles on CUDA (int4_words.LAYOUT), or PROBE_LAYOUT=rowmajor
+LAYOUT = None if os.environ.get("PROBE_LAYOUT") == "rowmajor" else words4.LAYOUT
 DP4A = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1)
         for bn, tw, nw, sp in itertools.product((64, 128), (16, 32), (4, 8), (2, 4, 8, 16))]
 # 4 and 8 rows: all rows in one program
@@ -80,10 +81,10 @@ def main() -> int:
         bfs = [bf.clone() for _ in range(copies)]
         words = pack_words(q)
         # the layout Int4Linear keeps on CUDA (tiles), and row-major words to time the best tile on
-        other = None if LAYOUT else w4.LAYOUT
-        packed = [(w4.tile_words(words) if LAYOUT else words.clone(), d.clone(), m.clone())
+        other = None if LAYOUT else words4.LAYOUT
+        packed = [(words4.tile_words(words) if LAYOUT else words.clone(), d.clone(), m.clone())
                   for _ in range(copies)]
-        packed_other = [(w4.tile_words(words) if other else words.clone(), d.clone(), m.clone())
+        packed_other = [(words4.tile_words(words) if other else words.clone(), d.clone(), m.clone())
                         for _ in range(copies)]
         packed_bytes = words.numel() * 4 + d.numel() * 2 + m.numel() * 2
         ref_w = dequantize_groups(q, d, m)

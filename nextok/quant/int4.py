@@ -9,7 +9,7 @@ rounded to float16 first, so every path holds the same dequantized weights.
   group's d and m in each of its blocks, run through the GGUF block kernels: 5 bits per weight.
 - Elsewhere: q packed eight to an int32 word, [out, in / 8], column 8j + i in bits 4i .. 4i + 3
   of word j, with d and m [out, groups]; on CUDA the words in contiguous tiles of 64 rows x 16
-  words (kernels/triton/w4a16.py LAYOUT: DRAM streams whole tiles, not short runs of rows).
+  words (kernels/triton/int4_words.py: DRAM streams whole tiles, not short runs of rows).
   On CUDA steps of up to 16 rows run the Triton W4A16 kernel (kernels/triton/w4a16.py), which
   dequantizes in registers; bigger steps dequantize the weight once per call (on CUDA in one
   Triton pass) and run a dense matmul.
@@ -97,19 +97,19 @@ class Int4Linear(nn.Module):
         group = self.in_features // d.shape[1]
         # the kernel's tiles take groups of a power of two (others: the torch path)
         self._kernel_ok = group >= 32 and group & (group - 1) == 0
-        self.layout = None  # on CUDA the words are kept in contiguous tiles (kernels/triton/w4a16.py)
+        self.layout = None  # on CUDA the words are kept in contiguous tiles (kernels/triton/int4_words.py)
         for name, t in (("qweight", pack_words(q)), ("scales", d), ("mins", m)):
             self.register_buffer(name, t)
         self.bias = bias_parameter(bias)
         if q.is_cuda and self._kernel_ok and triton_gemv_rows():
-            from nextok.kernels.triton.w4a16 import LAYOUT
+            from nextok.kernels.triton.int4_words import LAYOUT
 
             self.set_layout(LAYOUT)
 
     def set_layout(self, layout: tuple[int, int] | None) -> None:
         """Keep the words row-major (None) or in tiles of layout (rows, words), where their shape
-        allows it (kernels/triton/w4a16.py tile_words)."""
-        from nextok.kernels.triton.w4a16 import can_tile, tile_words
+        allows it (kernels/triton/int4_words.py tile_words)."""
+        from nextok.kernels.triton.int4_words import can_tile, tile_words
 
         words = self.row_major_words()
         if layout is not None and can_tile(*words.shape, layout):
@@ -122,7 +122,7 @@ class Int4Linear(nn.Module):
         """qweight as int32 [out, in / 8] in row order, whatever its layout."""
         if self.layout is None:
             return self.qweight
-        from nextok.kernels.triton.w4a16 import untile_words
+        from nextok.kernels.triton.int4_words import untile_words
 
         return untile_words(self.qweight, self.layout)
 
@@ -135,7 +135,7 @@ class Int4Linear(nn.Module):
             return w4a16(x if x.stride(-1) == 1 else x.contiguous(), self.qweight, self.scales,
                          self.mins, bias, layout=self.layout)
         if x.is_cuda and self._kernel_ok and triton_gemv_rows():  # bigger steps: one Triton pass
-            from nextok.kernels.triton.w4a16 import dequantize
+            from nextok.kernels.triton.int4_words import dequantize
 
             w = dequantize(self.qweight, self.scales, self.mins, x.dtype, layout=self.layout)
         else:

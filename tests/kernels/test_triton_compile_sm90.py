@@ -24,9 +24,9 @@ COMPILE = r"""
 import json, sys
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
-from nextok.kernels.triton import attention, fp8_quant, fused, gemv, gguf_linear, quant_linear, w4a16
+from nextok.kernels.triton import attention, fp8_quant, fused, gemv, gguf_linear, int4_words, quant_linear, w4a16
 MODULES = {"attention": attention, "fp8_quant": fp8_quant, "fused": fused, "gemv": gemv,
-           "gguf_linear": gguf_linear, "quant_linear": quant_linear, "w4a16": w4a16}
+           "gguf_linear": gguf_linear, "int4_words": int4_words, "quant_linear": quant_linear, "w4a16": w4a16}
 
 def build(fn, types, const):
     sig = {n: ("constexpr" if n in const else types.get(n, "i32")) for n in fn.arg_names}
@@ -108,8 +108,8 @@ def _specs() -> list:
                            y_ptr="*bf16"),
                       dict(WPG=16, GT=2, HAS_BIAS=True, BLOCK_M=16, BLOCK_N=32, PDL=True, IEEE=False,
                            INTERPRET=False, KW_INTERPRET=0, LN=ln, LW=lw)))
-    for ln, lw in ((0, 1), (64, 16)):  # row-major words, and tiled (w4a16.LAYOUT)
-        specs.append((f"w4a16 dequantize tiles={ln}x{lw}", ("w4a16", "_dequant_kernel"),
+    for ln, lw in ((0, 1), (64, 16)):  # row-major words, and tiled (int4_words.LAYOUT)
+        specs.append((f"w4a16 dequantize tiles={ln}x{lw}", ("int4_words", "_dequant_kernel"),
                       dict(w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", out_ptr="*bf16"),
                       dict(WPG=16, BLOCK_N=16, BLOCK_W=64, LN=ln, LW=lw)))
     w4 = dict(x_ptr="*bf16", w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", b_ptr="*fp16", y_ptr="*bf16",

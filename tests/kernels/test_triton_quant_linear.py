@@ -17,7 +17,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 from nextok.kernels.triton.quant_linear import MAX_ROWS, w8a16  # noqa: E402
-from nextok.kernels.triton import w4a16 as w4  # noqa: E402
+from nextok.kernels.triton import int4_words as words4  # noqa: E402
 from nextok.kernels.triton.w4a16 import DP4A_ROWS, w4a16  # noqa: E402
 from nextok.quant.int4 import (Int4Linear, dequantize_groups, pack_nibbles, pack_words,  # noqa: E402
                                quantize_groups, unpack_nibbles, unpack_words)
@@ -102,24 +102,24 @@ def test_w4a16(dtype, shape, rows):
     _close(w4a16(x, *args), want)
 
 
-# Int4Linear's tiled words on CUDA (kernels/triton/w4a16.py LAYOUT); the interpreter's small
+# Int4Linear's tiled words on CUDA (kernels/triton/int4_words.py LAYOUT); the interpreter's small
 # shapes and tiles (TW = 8 words) take tiles of 4 x 4
-TILES = w4.LAYOUT if CUDA else (4, 4)
+TILES = words4.LAYOUT if CUDA else (4, 4)
 
 
 def test_tiled_words_round_trip_and_each_tile_is_contiguous():
     words = torch.arange(8 * 12, dtype=torch.int32).view(8, 12)  # word j of row n: 12 n + j
-    tiled = w4.tile_words(words, (4, 4))
+    tiled = words4.tile_words(words, (4, 4))
     assert tiled.shape == words.shape
     first = tiled.flatten()[:16].view(4, 4)  # rows 0-3, words 0-3
     assert torch.equal(first, words[:4, :4])
     assert torch.equal(tiled.flatten()[16:32].view(4, 4), words[:4, 4:8])  # next along K
-    assert torch.equal(w4.untile_words(tiled, (4, 4)), words)
-    assert w4.can_tile(8, 12, (4, 4)) and not w4.can_tile(8, 10, (4, 4))
+    assert torch.equal(words4.untile_words(tiled, (4, 4)), words)
+    assert words4.can_tile(8, 12, (4, 4)) and not words4.can_tile(8, 10, (4, 4))
 
 
 @pytest.mark.parametrize("shape,tiles", [(s, t) for s in SHAPES for t in ([TILES] if CUDA else [TILES, (4, 8)])
-                                         if w4.can_tile(s[0], s[1] // 8, t)], ids=str)
+                                         if words4.can_tile(s[0], s[1] // 8, t)], ids=str)
 @pytest.mark.parametrize("rows", [1, 5, 16])
 def test_w4a16_on_tiled_words_equals_row_major(shape, tiles, rows):
     """The same products from words in contiguous tiles as from row-major words, bit for bit,
@@ -129,10 +129,10 @@ def test_w4a16_on_tiled_words_equals_row_major(shape, tiles, rows):
     w, x, b = _data(torch.bfloat16, n, k, rows)
     q, d, m = quantize_groups(w, group)
     words, d, m = pack_words(q).to(DEVICE), d.to(DEVICE), m.to(DEVICE)
-    tiled = w4.tile_words(words, tiles)
+    tiled = words4.tile_words(words, tiles)
     assert torch.equal(w4a16(x, tiled, d, m, b, layout=tiles), w4a16(x, words, d, m, b))
-    assert torch.equal(w4.dequantize(tiled, d, m, torch.bfloat16, layout=tiles),
-                       w4.dequantize(words, d, m, torch.bfloat16))
+    assert torch.equal(words4.dequantize(tiled, d, m, torch.bfloat16, layout=tiles),
+                       words4.dequantize(words, d, m, torch.bfloat16))
     with pytest.raises(ValueError, match="tiles of"):
         w4a16(x, tiled, d, m, layout=(n + 1, tiles[1]))
 
@@ -152,7 +152,7 @@ def test_w4a16_takes_gate_up_as_the_separate_silu_mul_does(dtype, rows):
     args = (pack_words(q).to(DEVICE), d.to(DEVICE), m.to(DEVICE))
     act = TritonFusedOps().silu_mul(gate_up)
     assert torch.equal(w4a16(gate_up, *args, b, silu_mul=True), w4a16(act, *args, b))
-    tiled = w4.tile_words(args[0], TILES)
+    tiled = words4.tile_words(args[0], TILES)
     assert torch.equal(w4a16(gate_up, tiled, *args[1:], b, silu_mul=True, layout=TILES), w4a16(act, *args, b))
     layer = Int4Linear(q, d, m, b.cpu()).to(DEVICE)
     _close(layer.forward_silu_mul(gate_up, TritonFusedOps().silu_mul), w4a16(act, *args, b))
@@ -165,7 +165,7 @@ def test_w4a16_takes_gate_up_as_the_separate_silu_mul_does(dtype, rows):
 def test_dequantize_in_one_pass_equals_the_torch_path(dtype, shape):
     """The prefill path's weight: dequantize_groups' float32 d * q + m rounded to dtype (on the
     GPU a fused multiply-add may move a float32 ulp, so there within one ulp of dtype)."""
-    from nextok.kernels.triton.w4a16 import dequantize
+    from nextok.kernels.triton.int4_words import dequantize
 
     n, k, group = shape
     w, _, _ = _data(dtype, n, k, 1)
@@ -204,9 +204,9 @@ def test_int4_linear_runs_the_kernel_or_the_torch_path_alike():
     big, small = layer(x), layer(x[:3])
     _close(big, want)  # 20 rows: the dense path
     _close(small, want[:3])  # on CUDA: the kernel
-    # made on CUDA, its words are tiles (w4a16.LAYOUT); any layer's may be: the same answers
+    # made on CUDA, its words are tiles (int4_words.LAYOUT); any layer's may be: the same answers
     made_here = Int4Linear(q.to(DEVICE), d.to(DEVICE), m.to(DEVICE), b)
-    assert made_here.layout == (w4.LAYOUT if CUDA else None)
+    assert made_here.layout == (words4.LAYOUT if CUDA else None)
     layer.set_layout(TILES)
     assert layer.layout == TILES and not torch.equal(layer.qweight, pack_words(q).to(DEVICE))
     assert torch.equal(layer.row_major_words(), pack_words(q).to(DEVICE))

@@ -4,7 +4,7 @@
 Weight layout (quant/int4.py, Int4Linear): `words` int32 [N, K / 8], word j of a row holds columns
 8j .. 8j + 7, column 8j + i in bits 4i .. 4i + 3; per row and group of GROUP columns a scale d and
 a min m, float16 [N, K / GROUP]: W = d * q + m. On CUDA the words are stored in contiguous tiles
-of 64 rows x 16 words (LAYOUT, tile_words below; the kernels take either order).
+of 64 rows x 16 words (int4_words.py; the kernels take either order).
 
 Why integer dot products for 1-8 rows: at batch 1 an 8B step must stream ~4 GB of nibbles at ~4
 TB/s, 8 * 10^12 weights a second, and an H200 SM issues 128 lane-instructions a clock: a few
@@ -46,6 +46,7 @@ from triton.runtime.jit import JITFunction
 
 from nextok.kernels.triton import pdl
 from nextok.kernels.triton.fused import _round
+from nextok.kernels.triton.int4_words import _tile_ptrs, _tile_step, can_tile, layout_args
 from nextok.kernels.triton.pdl import pdl_wait
 
 MAX_ROWS = 16
@@ -63,31 +64,6 @@ def _nibble(w, hi, i: tl.constexpr):
         src = hi
     bits = (src & (0xF << SHIFT)) | 0x4B000000
     return bits.to(tl.float32, bitcast=True) - 8388608.0
-
-
-@triton.jit
-def _tile_ptrs(w_ptr, n, wl, KW, TW: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr):
-    # Pointers to words wl (0 <= wl < TW) of rows n for the tile whose first word is 0; the
-    # tile at word kw0 (a multiple of TW) is these + _tile_step(kw0). Row-major words [N, KW]
-    # (LN = 0), or tiles of LN rows x LW words, each contiguous, [N / LN, KW / LW, LN, LW]
-    # (tile_words), with TW a multiple of LW. Split this way, a loop over K adds one product to
-    # pointers computed once, which the compiler's alignment analysis follows (through // and
-    # % it loses track, and the loads stop being 16-byte vectors).
-    if LN == 0:
-        return w_ptr + n * KW + wl
-    elif TW == LW:
-        return w_ptr + (n // LN) * (KW * LN) + (n % LN) * LW + wl
-    else:
-        return w_ptr + (n // LN) * (KW * LN) + (n % LN) * LW + (wl // LW) * (LN * LW) + wl % LW
-
-
-@triton.jit
-def _tile_step(kw0, LN: tl.constexpr):
-    # with tiles: kw0 / LW whole tiles of LN * LW words further
-    if LN == 0:
-        return kw0
-    else:
-        return kw0 * LN
 
 
 @triton.jit
@@ -278,79 +254,6 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
         tl.store(y_ptr + ym, out.to(y_ptr.dtype.element_ty), mask=y_ok)
 
 
-@triton.jit
-def _dequant_kernel(w_ptr, d_ptr, m_ptr, out_ptr, N, KW, G, WPG: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_W: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr):
-    # Program (block of rows, block of words): out [N, 8 KW] = d * q + m in out's dtype, as
-    # float32 then rounded (dequantize_groups' arithmetic). words [N, KW]; d, m [N, G].
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    j = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
-    ok = (n < N)[:, None] & (j < KW)[None, :]
-    w = tl.load(_tile_ptrs(w_ptr, n[:, None].to(tl.int64), j[None, :], KW, 0, LN, LW), mask=ok,
-                other=0)  # [BLOCK_N, BLOCK_W] (TW = 0: j may span tiles)
-    grp = n[:, None] * G + j[None, :] // WPG
-    d = tl.load(d_ptr + grp, mask=ok, other=0.0).to(tl.float32)
-    mn = tl.load(m_ptr + grp, mask=ok, other=0.0).to(tl.float32)
-    q = (w[:, :, None] >> (4 * tl.arange(0, 8))[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_W, 8]
-    val = q.to(tl.float32) * d[:, :, None] + mn[:, :, None]
-    col = j[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
-    val = _round(val, out_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty)  # to nearest even
-    tl.store(out_ptr + n[:, None, None].to(tl.int64) * (8 * KW) + col, val, mask=ok[:, :, None])
-
-
-# The words' layout on CUDA (Int4Linear): tiles of LAYOUT = (rows, words), each tile contiguous.
-# Why: in row-major order a program's tile of 128 rows x 32 words is 128 runs of 128 bytes, 2-7
-# KB apart, and DRAM serves short scattered runs at well under its copy bandwidth. The one-row
-# kernel read ~2.3 TB/s of 4.25 on an H200, and the 8B step took 1.42x as long on an H100 with
-# 1.42x less bandwidth and the same SMs and clock: bound by memory, not by instructions. In
-# tiles a program streams 4 KB tiles, consecutive along K (a kernel's TW must be a multiple of
-# the tile's 16 words; every CUDA tile is). (Not yet timed on a GPU.)
-LAYOUT = (64, 16)
-
-
-def tile_words(words: torch.Tensor, layout: tuple[int, int] = LAYOUT) -> torch.Tensor:
-    """Row-major words [N, KW] -> the same words in tiles of layout (LN rows, LW words), stored
-    [N / LN, KW / LW, LN, LW], returned as an [N, KW] tensor (N and KW multiples of LN, LW)."""
-    (n, kw), (ln, lw) = words.shape, layout
-    return words.view(n // ln, ln, kw // lw, lw).transpose(1, 2).contiguous().view(n, kw)
-
-
-def untile_words(words: torch.Tensor, layout: tuple[int, int] = LAYOUT) -> torch.Tensor:
-    """tile_words' inverse."""
-    (n, kw), (ln, lw) = words.shape, layout
-    return words.view(n // ln, kw // lw, ln, lw).transpose(1, 2).contiguous().view(n, kw)
-
-
-def can_tile(n: int, kw: int, layout: tuple[int, int] = LAYOUT) -> bool:
-    return n % layout[0] == 0 and kw % layout[1] == 0
-
-
-def _layout_args(layout: tuple[int, int] | None) -> dict:
-    return dict(LN=layout[0], LW=layout[1]) if layout else dict(LN=0, LW=1)
-
-
-def dequantize(words: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtype: torch.dtype,
-               layout: tuple[int, int] | None = None) -> torch.Tensor:
-    """The weight d * q + m [N, 8 KW] in dtype, in one pass (words int32 [N, KW], tiled if layout,
-    d and m [N, G]): for prefill-sized steps, which then multiply with cuBLAS. In torch the same
-    is five passes over [N, K], one in float32 (an 8B model's 128-token prefill took 3.5x bf16's
-    on an H100)."""
-    n, kw = words.shape
-    out = torch.empty(n, 8 * kw, dtype=dtype, device=words.device)
-    g = d.shape[1]
-    if n and kw:
-        wpg = kw // g
-        if wpg * g != kw or wpg & (wpg - 1):
-            raise ValueError(f"{kw} words a row do not make {g} groups of a power-of-two size")
-        if layout and not can_tile(n, kw, layout):
-            raise ValueError(f"words {[n, kw]} do not make tiles of {layout} (rows, words)")
-        block_w = min(64, triton.next_power_of_2(kw))
-        _dequant_kernel[(triton.cdiv(n, 16), triton.cdiv(kw, block_w))](
-            words, d, m, out, n, kw, g, WPG=wpg, BLOCK_N=16, BLOCK_W=block_w, num_warps=4,
-            **_layout_args(layout))
-    return out
-
-
 INTERPRETED = not isinstance(_w4a16_dot_kernel, JITFunction)
 _OVERRIDE: dict | None = None  # benchmarks/gpu/w4a16_probe.py sets tiles to sweep them
 # Tuned tiles per GPU: {"<N>x<K>": {row class: tile}} (tile: BLOCK_N, TW words per row per tile,
@@ -458,7 +361,7 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
           bias: torch.Tensor | None = None, silu_mul: bool = False,
           layout: tuple[int, int] | None = None) -> torch.Tensor:
     """x [M, K] @ (d * q + m).T (+ bias): words int32 [N, K / 8] (in tiles if layout:
-    tile_words), d and m float16 [N, G].
+    int4_words.tile_words), d and m float16 [N, G].
     silu_mul: x is [M, 2K], an MLP's gate and up halves, and the product takes silu(gate) * up
     (in the one-row kernel; the tl.dot one, for more rows, gets it from the silu_mul kernel)."""
     rows, k = x.shape
@@ -493,7 +396,7 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
                 x.stride(0), y.stride(0))
         common = dict(WPG=group // 8, HAS_BIAS=bias is not None, PDL=use_pdl, INTERPRET=INTERPRETED,
                       KW_INTERPRET=kw if INTERPRETED else 0, launch_pdl=use_pdl,
-                      **_layout_args(layout), **cfg)
+                      **layout_args(layout), **cfg)
         if not dot:
             tiles, mb = triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(rows, cfg["BLOCK_M"])
             part, count = _scratch(x.device, cfg["SPLIT"] * rows * n, tiles * mb)
