@@ -97,7 +97,7 @@ class Int4Linear(nn.Module):
         group = self.in_features // d.shape[1]
         # the kernel's tiles take groups of a power of two (others: the torch path)
         self._kernel_ok = group >= 32 and group & (group - 1) == 0
-        self.layout = None  # on CUDA the words are kept in contiguous tiles (kernels/triton/int4_words.py)
+        self.layout = None  # on CUDA: the words in contiguous tiles (kernels/triton/int4_words.py)
         for name, t in (("qweight", pack_words(q)), ("scales", d), ("mins", m)):
             self.register_buffer(name, t)
         self.bias = bias_parameter(bias)
@@ -126,10 +126,14 @@ class Int4Linear(nn.Module):
 
         return untile_words(self.qweight, self.layout)
 
+    def _kernel_step(self, x: torch.Tensor) -> bool:
+        """Whether x [T, K] is a decode-sized CUDA step the W4A16 kernel takes."""
+        return (x.is_cuda and self._kernel_ok and x.dtype in (torch.bfloat16, torch.float16)
+                and x.shape[0] <= triton_gemv_rows())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        if (x.is_cuda and self._kernel_ok and x.dtype in (torch.bfloat16, torch.float16)
-                and x.shape[0] <= triton_gemv_rows()):
+        if self._kernel_step(x):
             from nextok.kernels.triton.w4a16 import w4a16
 
             return w4a16(x if x.stride(-1) == 1 else x.contiguous(), self.qweight, self.scales,
@@ -139,15 +143,15 @@ class Int4Linear(nn.Module):
 
             w = dequantize(self.qweight, self.scales, self.mins, x.dtype, layout=self.layout)
         else:
-            w = dequantize_groups(unpack_words(self.row_major_words()), self.scales, self.mins).to(x.dtype)
+            w = dequantize_groups(unpack_words(self.row_major_words()), self.scales,
+                                  self.mins).to(x.dtype)
         return nn.functional.linear(x, w, bias)
 
     def forward_silu_mul(self, gate_up: torch.Tensor, silu_mul) -> torch.Tensor:
         """The down projection of silu(gate) * up, gate_up [T, 2 in] (model/layers.py SwiGLU):
         on CUDA, decode-sized steps read gate_up in the kernel (one launch less a layer); else
         silu_mul (the fused ops') first, then forward."""
-        if (gate_up.is_cuda and self._kernel_ok and gate_up.dtype in (torch.bfloat16, torch.float16)
-                and gate_up.shape[0] <= triton_gemv_rows() and gate_up.stride(-1) == 1):
+        if self._kernel_step(gate_up) and gate_up.stride(-1) == 1:
             from nextok.kernels.triton.w4a16 import w4a16
 
             bias = None if self.bias is None else self.bias.to(gate_up.dtype)

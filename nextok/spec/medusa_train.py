@@ -149,7 +149,8 @@ def hidden_pool(llm, windows: list[list[int]]) -> dict[str, torch.Tensor]:
     for w in range(0, len(windows), step):
         h = scorer.hidden_many(ids[w:w + step])  # [B, L, hidden]
         hidden[w:w + step] = h
-        greedy[w:w + step] = scorer.model.compute_logits(h.flatten(0, 1)).argmax(dim=-1).view(h.shape[:2])
+        logits = scorer.model.compute_logits(h.flatten(0, 1))  # [B * L, vocab]
+        greedy[w:w + step] = logits.argmax(dim=-1).view(h.shape[:2])
     return {"hidden": hidden, "ids": ids, "greedy": greedy}
 
 
