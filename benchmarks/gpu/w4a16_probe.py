@@ -30,6 +30,7 @@ sys.path.insert(0, os.getcwd())
 from nextok.bench.common import header  # noqa: E402
 from nextok.kernels.triton import int4_words as words4  # noqa: E402
 from nextok.kernels.triton import w4a16 as w4  # noqa: E402
+from nextok.kernels.triton import w4a16_tiles as tiles  # noqa: E402
 from nextok.kernels.triton.gemv import gemv  # noqa: E402
 from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # noqa: E402
 
@@ -98,7 +99,7 @@ def main() -> int:
             grid = DP4A if mrows == 1 else ROWS[mrows]
             sweep = []
             for cfg in grid:
-                w4.set_config(cfg)
+                tiles.set_config(cfg)
                 try:
                     us = graph_us(lambda i: w4.w4a16(x, *packed[i], layout=LAYOUT), copies)
                     err = (w4.w4a16(x, *packed[0], layout=LAYOUT).float() - ref).abs().max().item()
@@ -108,10 +109,10 @@ def main() -> int:
                 sweep.append(dict(cfg or {}, us=us, max_diff=err))
             best = min(sweep, key=lambda s: s["us"])
             # the best tile on the words in the other order: what the layout is worth
-            w4.set_config({key: best[key] for key in grid[0]})
+            tiles.set_config({key: best[key] for key in grid[0]})
             r["other_layout"] = {"layout": other, "us": graph_us(
                 lambda i: w4.w4a16(x, *packed_other[i], layout=other), copies)}
-            w4.set_config(None)
+            tiles.set_config(None)
             r["sweep"], r["best"] = sweep, best
             r["w4a16_us"] = best["us"]
             r["w4a16_tbps"] = packed_bytes / best["us"] / 1e6
@@ -119,9 +120,9 @@ def main() -> int:
             rows.append(r)
             table.setdefault(f"{n}x{k}", {})[str(mrows)] = {key: best[key] for key in DP4A[0]}
             if mrows == 8:  # the tl.dot kernel's tile from the repo's table, beside it
-                w4.DP4A_ROWS = 4
+                tiles.DP4A_ROWS = 4
                 r["dot_us"] = graph_us(lambda i: w4.w4a16(x, *packed[i], layout=LAYOUT), copies)
-                w4.DP4A_ROWS = 8
+                tiles.DP4A_ROWS = 8
                 print(f"  8 rows through the tl.dot kernel: {r['dot_us']:.1f} us", flush=True)
                 if r["dot_us"] < best["us"]:
                     table[f"{n}x{k}"]["8"] = {"dot": True}
@@ -134,7 +135,7 @@ def main() -> int:
                   flush=True)
         del bfs, packed, packed_other
         torch.cuda.empty_cache()
-    kept = w4._tuned(torch.cuda.get_device_name(dev))  # the repo's table: its tl.dot tiles stay
+    kept = tiles._tuned(torch.cuda.get_device_name(dev))  # the repo's table: its tl.dot tiles stay
     for shape, entry in kept.items():
         if "16" in entry:
             table.setdefault(shape, {})["16"] = entry["16"]

@@ -18,7 +18,8 @@ import torch
 triton = pytest.importorskip("triton")
 from nextok.kernels.triton.quant_linear import MAX_ROWS, w8a16  # noqa: E402
 from nextok.kernels.triton import int4_words as words4  # noqa: E402
-from nextok.kernels.triton.w4a16 import DP4A_ROWS, w4a16  # noqa: E402
+from nextok.kernels.triton.w4a16 import w4a16  # noqa: E402
+from nextok.kernels.triton.w4a16_tiles import DP4A_ROWS  # noqa: E402
 from nextok.quant.int4 import (Int4Linear, dequantize_groups, pack_nibbles, pack_words,  # noqa: E402
                                quantize_groups, unpack_nibbles, unpack_words)
 from nextok.quant.int8 import dequantize, quantize_per_channel  # noqa: E402

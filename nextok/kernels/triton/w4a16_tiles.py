@@ -1,0 +1,92 @@
+"""Which tiles the W4A16 kernels (w4a16.py) run with, per GPU, shape and number of rows.
+
+Tuned tiles per GPU: {"<N>x<K>": {row class: tile}} (tile: BLOCK_N, TW words per row per tile,
+num_warps, num_stages, and for dp4a SPLIT, BLOCK_M; row classes: _row_class), written by
+benchmarks/gpu/w4a16_probe.py to configs/w4a16_<gpu>.json. NEXTOK_W4A16_CONFIGS names another
+table; a GPU without one takes DEFAULT_TILES.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import torch
+import triton
+
+DP4A_ROWS = 8  # up to this many rows the dp4a kernel, above it the tl.dot one
+_OVERRIDE: dict | None = None  # benchmarks/gpu/w4a16_probe.py sets tiles to sweep them
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
+
+
+def set_config(cfg: dict | None) -> None:
+    global _OVERRIDE
+    _OVERRIDE = cfg
+
+
+@functools.cache
+def _tuned(device_name: str) -> dict:
+    path = os.environ.get("NEXTOK_W4A16_CONFIGS") or os.path.join(
+        CONFIG_DIR, "w4a16_" + device_name.replace("NVIDIA ", "").replace(" ", "_").lower() + ".json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def _row_class(m: int) -> str:
+    """The table's key for m <= DP4A_ROWS rows: "1", "4" (2-4), "8" (5-8); "16" is tl.dot's."""
+    return next(c for c in ("1", "4", "8") if m <= int(c))
+
+
+# Where the GPU has no table: the best one-row tile at every Llama-3.1-8B shape but gate_up
+# (SPLIT 2) on an H200; for 2-8 rows the tile within ~10 % of the best at all four 8B shapes in
+# the H200's sweep (2026-12-05-w4a16-probe-h200-dp4a-rows.json: at 8 rows 1.5-2x faster than
+# the 32-row, 8-warp guess this table had, which an H100 without a table took: 10.6 ms a step).
+DEFAULT_TILES = {"1": dict(BLOCK_N=128, TW=32, num_warps=4, num_stages=3, SPLIT=8),
+                 "4": dict(BLOCK_N=64, TW=32, num_warps=4, num_stages=3, SPLIT=4, BLOCK_M=4),
+                 "8": dict(BLOCK_N=64, TW=32, num_warps=4, num_stages=3, SPLIT=4, BLOCK_M=8),
+                 "16": dict(BLOCK_N=32, TW=32, num_warps=4, num_stages=3)}
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _default_tile(cls: str, n: int, device: torch.device) -> dict:
+    """An untuned shape's tile: the default; at one row with K split so that ~4 programs per SM
+    stream W (the tuned one-row tiles have 4-8 per SM: o_proj's 32 tiles split 16 ways, gate_up's
+    224 two ways); a 128k-row lm_head has 1002 tiles and needs no split."""
+    tile = DEFAULT_TILES[cls]
+    if cls != "1":  # 2-8 rows: SPLIT 4 was within ~10 % of the best at every 8B shape
+        return tile
+    want = 4 * _sm_count(device.index or 0) / triton.cdiv(n, tile["BLOCK_N"])
+    return dict(tile, SPLIT=next((s for s in (16, 8, 4, 2) if s <= want), 1))
+
+
+def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
+    extra = dict(BLOCK_M=16) if dot else dict(
+        SPLIT=tile.get("SPLIT", 1), BLOCK_M=min(tile.get("BLOCK_M", 1), triton.next_power_of_2(m)))
+    return dict(BLOCK_N=tile["BLOCK_N"], GT=max(1, tile["TW"] // wpg), num_warps=tile["num_warps"],
+                num_stages=tile["num_stages"], **extra)
+
+
+def config(m: int, n: int, k: int, group: int, device: torch.device) -> tuple[bool, dict]:
+    """(whether the tl.dot kernel, its tiles): tuned per shape where the GPU has a table
+    (configs/), else a default. A table's "8" entry may send 5-8 rows to tl.dot ({"dot": true})."""
+    wpg = group // 8
+    if device.type != "cuda":  # the interpreter: small tiles
+        dot = m > DP4A_ROWS
+        # split K only where N is small (every split walks all of K in the interpreter)
+        return dot, _tile(dict(BLOCK_N=16, TW=max(wpg, 8), num_warps=4, num_stages=1,
+                               SPLIT=2 if n <= 32 else 1, BLOCK_M=2), m, dot, wpg)
+    if _OVERRIDE is not None:
+        dot = m > DP4A_ROWS
+        return dot, _tile(_OVERRIDE, m, dot, wpg)
+    table = _tuned(torch.cuda.get_device_name(device)).get(f"{n}x{k}", {})
+    cls = "16" if m > DP4A_ROWS else _row_class(m)
+    tile = table.get(cls) or _default_tile(cls, n, device)
+    if tile.get("dot"):
+        cls, tile = "16", table.get("16") or DEFAULT_TILES["16"]
+    return cls == "16", _tile(tile, m, cls == "16", wpg)
