@@ -1,6 +1,6 @@
 #!/bin/bash
 # Issue 7 (quantization) on the H200, from the repo root of the GPU machine:
-#   bash benchmarks/gpu/issue7.sh w4a16     kernel tests on CUDA; the W4A16 tile sweep; the 8B
+#   bash benchmarks/gpu/issue7.sh w4a16     kernel tests on CUDA (TEST_K: pytest -k); the W4A16 tile sweep; the 8B
 #                                           decode step bf16 vs int4 (W4A16), A/B interleaved;
 #                                           PROFILE=1: first a profile of int4 steps by kernel
 #   bash benchmarks/gpu/issue7.sh gguf      the Triton GGUF block kernel: its tests on CUDA, then its tiles
@@ -40,7 +40,7 @@ w4a16)
     if [ -z "${SKIP_TESTS:-}" ]; then
         step kernel tests on CUDA: W4A16, W8A16, FP8, int4
         run_for ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_quant_linear.py \
-            tests/quant/test_fp8.py tests/quant/test_int4.py 2>&1 | tail -12 | tee "$OUT/kernel-tests.txt"
+            tests/quant/test_fp8.py tests/quant/test_int4.py ${TEST_K:+-k "$TEST_K"} 2>&1 | tail -12 | tee "$OUT/kernel-tests.txt"
     fi
     if [ -z "${SKIP_PROBE:-}" ]; then  # else the committed table (kernels/triton/configs)
         step W4A16 dp4a tile sweep, Llama-3.1-8B layer shapes
