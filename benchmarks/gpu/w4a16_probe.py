@@ -10,7 +10,8 @@ Weights rotate over copies larger than the 50 MB L2, as each layer's do in a rea
 each variant is timed as a CUDA graph of 24 calls (a Python launch costs more than a 4-bit
 o_proj reads). Writes every timing to OUT.json and the fastest tile per shape and row class to
 TABLE.json, the format kernels/triton/w4a16.py reads (configs/w4a16_<gpu>.json; its "16"
-entries, the tl.dot tiles, are kept from the table in the repo).
+entries, the tl.dot tiles, and the row classes not probed (PROBE_ROWS) are kept from the table in
+the repo).
 SHAPES: comma-separated NxK (default: the Llama-3.1-8B layers and Qwen2.5-Coder-7B's).
 The words are in Int4Linear's CUDA order, tiles of int4_words.LAYOUT (PROBE_LAYOUT=rowmajor: row
 order); each best tile is timed again on the words in the other order ("other_layout").
@@ -38,11 +39,13 @@ DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336,4608x3584,3584x3584,
 CALLS = 24
 # the words' order swept: Int4Linear's tiles on CUDA (int4_words.LAYOUT), or PROBE_LAYOUT=rowmajor
 LAYOUT = None if os.environ.get("PROBE_LAYOUT") == "rowmajor" else words4.LAYOUT
-DP4A = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1)
-        for bn, tw, nw, sp in itertools.product((64, 128), (16, 32), (4, 8), (2, 4, 8, 16))]
+ROW_COUNTS = [int(r) for r in os.environ.get("PROBE_ROWS", "1,4,8").split(",")]  # PROBE_ROWS=1: one row only
+# DEPTH: tiles of W loaded ahead (w4a16.py)
+DP4A = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1, DEPTH=dp)
+        for bn, tw, nw, sp, dp in itertools.product((64, 128), (16, 32), (4, 8), (2, 4, 8, 16), (1, 2))]
 # 4 and 8 rows: all rows in one program
-ROWS = {rows: [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=rows)
-               for bn, tw, nw, sp in itertools.product((32, 64), (16, 32), (4, 8), (2, 4, 8))]
+ROWS = {rows: [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=rows, DEPTH=dp)
+               for bn, tw, nw, sp, dp in itertools.product((32, 64), (16, 32), (4, 8), (2, 4, 8), (1, 2))]
         for rows in (4, 8)}
 
 
@@ -90,7 +93,7 @@ def main() -> int:
         packed_bytes = words.numel() * 4 + d.numel() * 2 + m.numel() * 2
         ref_w = dequantize_groups(q, d, m)
         del w, q
-        for mrows in (1, 4, 8):
+        for mrows in ROW_COUNTS:
             x = torch.randn(mrows, k, device=dev, dtype=torch.bfloat16)
             ref = F.linear(x.float(), ref_w)
             r = {"n": n, "k": k, "rows": mrows, "packed_bytes": packed_bytes}
@@ -135,10 +138,11 @@ def main() -> int:
                   flush=True)
         del bfs, packed, packed_other
         torch.cuda.empty_cache()
-    kept = tiles._tuned(torch.cuda.get_device_name(dev))  # the repo's table: its tl.dot tiles stay
+    # the repo's table: its tl.dot tiles ("16") stay, and so do the row classes not probed here
+    kept = tiles._tuned(torch.cuda.get_device_name(dev))
     for shape, entry in kept.items():
-        if "16" in entry:
-            table.setdefault(shape, {})["16"] = entry["16"]
+        for cls, tile in entry.items():
+            table.setdefault(shape, {}).setdefault(cls, tile)
     with open(table_path, "w") as f:
         json.dump(table, f, indent=1, sort_keys=True)
     with open(out_path, "w") as f:

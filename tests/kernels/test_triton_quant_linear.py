@@ -138,6 +138,24 @@ def test_w4a16_on_tiled_words_equals_row_major(shape, tiles, rows):
         w4a16(x, tiled, d, m, layout=(n + 1, tiles[1]))
 
 
+@pytest.mark.parametrize("rows", [1, 5])
+def test_w4a16_loading_two_tiles_ahead_gives_the_same_products(monkeypatch, rows):
+    """DEPTH 2 (the one-to-eight-row kernel loads W two tiles ahead) changes when words are
+    loaded, not what is added: bit-identical to DEPTH 1, on tiled and row-major words."""
+    from nextok.kernels.triton import w4a16_tiles
+
+    n, k, group = SHAPES[0]
+    w, x, b = _data(torch.bfloat16, n, k, rows)
+    q, d, m = quantize_groups(w, group)
+    words, d, m = pack_words(q).to(DEVICE), d.to(DEVICE), m.to(DEVICE)
+    tiled = words4.tile_words(words, TILES)
+    want = w4a16(x, words, d, m, b)
+    config = w4a16_tiles.config
+    monkeypatch.setattr(w4a16_tiles, "config", lambda *a: (lambda dot, cfg: (dot, dict(cfg, DEPTH=2)))(*config(*a)))
+    assert torch.equal(w4a16(x, words, d, m, b), want)
+    assert torch.equal(w4a16(x, tiled, d, m, b, layout=TILES), want)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 5, 12])
 def test_w4a16_takes_gate_up_as_the_separate_silu_mul_does(dtype, rows):

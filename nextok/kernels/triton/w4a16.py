@@ -141,7 +141,7 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
                        SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                        INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr, LN: tl.constexpr,
-                       LW: tl.constexpr):
+                       LW: tl.constexpr, DEPTH: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),): a program takes BLOCK_M rows of x,
     # BLOCK_N rows of W and a SPLIT-th of K; the programs of one tile of W run side by side, so
     # its bytes come from DRAM once. x [M, 8 KW]; words [N, KW]; d, m [N, G]; y [M, N]. A tile:
@@ -179,10 +179,12 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     if not INTERPRET:
         kw_lo = 0
     acc = tl.zeros([BLOCK_M, BLOCK_N, GT], dtype=tl.float32)
-    # The words of each tile are loaded one tile ahead, the first before pdl_wait: W depends on no
-    # earlier kernel, so with PDL the first tile streams in while the kernel before this one (the
-    # norm that writes x) finishes, instead of after it. At one row an o_proj reads 8.4 MB, ~2 us
-    # at the copy bandwidth, about what a kernel's start costs. (Not yet timed on a GPU.)
+    # The words of each tile are loaded DEPTH (1 or 2) tiles ahead, the first before pdl_wait: W
+    # depends on no earlier kernel, so with PDL the first tiles stream in while the kernel before
+    # this one (the norm that writes x) finishes, instead of after it. At one row an o_proj reads
+    # 8.4 MB, ~2 us at the copy bandwidth, about what a kernel's start costs. Two ahead: a tile's
+    # compute (~0.7 us a round of 4 programs an SM at one row) is about DRAM's latency under
+    # load, so one tile ahead barely covers it; two cost 16 more registers a thread.
     # W's pointers for the tile at word 0, once; each tile adds _tile_step of its first word.
     # (kw_start: 0 spelled out for the interpreter, where a name assigned under an `if` is a
     # tensor)
@@ -191,12 +193,22 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     word = kw_start + wword
     w_next = tl.load(w_tile + _tile_step(kw_start, LN), mask=n_ok4 & (word >= kw_lo) & (word < kw_hi),
                      other=0)
+    w_after = w_next
+    if DEPTH == 2:
+        word = kw_start + TW + wword
+        w_after = tl.load(w_tile + _tile_step(kw_start + TW, LN),
+                          mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
     pdl_wait(PDL)
     for kw0 in range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi, TW):
         w = w_next
-        word = kw0 + TW + wword
-        w_next = tl.load(w_tile + _tile_step(kw0 + TW, LN),
-                         mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
+        word = kw0 + DEPTH * TW + wword
+        if DEPTH == 2:
+            w_next = w_after
+            w_after = tl.load(w_tile + _tile_step(kw0 + 2 * TW, LN),
+                              mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
+        else:
+            w_next = tl.load(w_tile + _tile_step(kw0 + TW, LN),
+                             mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
         # x in fixed point per word: x = s (256 hi + lo), s = 2^(E - 13)
         xw = kw0 + xword
         x_ok = xrow_ok & (xw >= kw_lo) & (xw < kw_hi)
