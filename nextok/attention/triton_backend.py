@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from nextok.attention.base import AttentionBackend, AttentionMetadata
-from nextok.kernels.triton.attention import paged_decode, paged_prefill, store_kv
+from nextok.kernels.triton.attention import paged_prefill, store_kv
+from nextok.kernels.triton.paged_decode import paged_decode
 
 
 class TritonBackend(AttentionBackend):

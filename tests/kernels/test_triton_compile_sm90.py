@@ -24,8 +24,8 @@ COMPILE = r"""
 import json, sys
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
-from nextok.kernels.triton import attention, fp8_quant, fused, gemv, gguf_linear, int4_words, quant_linear, w4a16
-MODULES = {"attention": attention, "fp8_quant": fp8_quant, "fused": fused, "gemv": gemv,
+from nextok.kernels.triton import attention, fp8_quant, fused, gemv, gguf_linear, int4_words, paged_decode, quant_linear, w4a16
+MODULES = {"attention": attention, "fp8_quant": fp8_quant, "fused": fused, "gemv": gemv, "paged_decode": paged_decode,
            "gguf_linear": gguf_linear, "int4_words": int4_words, "quant_linear": quant_linear, "w4a16": w4a16}
 
 def build(fn, types, const):
@@ -66,7 +66,7 @@ def _specs() -> list:
         types = dict(ATTN, kc_ptr=cache, vc_ptr=cache, ks_ptr="*fp32" if quant == 1 else cache,
                      vs_ptr="*fp32" if quant == 1 else cache)
         specs += [
-            (f"decode quant={quant} splits={splits}", ("attention", "_decode_split_kernel"), types,
+            (f"decode quant={quant} splits={splits}", ("paged_decode", "_decode_split_kernel"), types,
              dict(G=4, D=128, PAGE=16, NUM_SPLITS=splits, HAS_WINDOW=False, BLOCK_G=16, BLOCK_D=128,
                   BLOCK_N=64, QUANT=quant, INTERPRET=False, PDL=True))
             for splits in ((1, 16) if quant == 0 else (4,))] + [
