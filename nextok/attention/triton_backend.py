@@ -2,7 +2,7 @@
 interpreter. Same semantics as TorchRefBackend, read from the same cache layout.
 
 Per layer call: one KV-store launch (none on CUDA, where the fused RoPE kernel stores k and v);
-one split-KV decode launch for all the single-token queries (its last split per head reduces);
+one split-KV decode launch (+ one reduce) for all the single-token queries;
 one SDPA call per chunk without a cached prefix, and one launch for all the chunks that continue
 a cached prefix. The decode path reads context lengths on the device and has no host syncs, so
 it can be captured in a CUDA graph. An int8 or fp8 cache (`--kv-cache-dtype`): the store
@@ -16,8 +16,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from nextok.attention.base import AttentionBackend, AttentionMetadata
-from nextok.kernels.triton.attention import paged_prefill, store_kv
-from nextok.kernels.triton.paged_decode import paged_decode
+from nextok.kernels.triton.attention import paged_decode, paged_prefill, store_kv
 
 
 class TritonBackend(AttentionBackend):

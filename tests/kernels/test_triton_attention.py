@@ -15,8 +15,7 @@ pytest.importorskip("triton")
 from nextok.attention.base import AttentionMetadata, PrefillChunk  # noqa: E402
 from nextok.attention.torch_ref import TorchRefBackend, _decode, decode_mask  # noqa: E402
 from nextok.attention.triton_backend import TritonBackend  # noqa: E402
-from nextok.kernels.triton.attention import store_kv  # noqa: E402
-from nextok.kernels.triton.paged_decode import paged_decode  # noqa: E402
+from nextok.kernels.triton.attention import paged_decode, store_kv  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -147,21 +146,13 @@ def test_other_shapes(head_dim, block_size, heads):
 @pytest.mark.parametrize("num_splits", [1, 3, 8])
 @pytest.mark.parametrize("window", WINDOWS)
 def test_decode_splits(num_splits, window):
-    """Every split count gives the same answer; splits past a short sequence's end are empty.
-    The last split of each (sequence, KV head) to finish reduces, counting on per-head counts
-    that each call leaves zero: a second call (a graph replay) gives the same output."""
-    from nextok.kernels.triton import paged_decode as decode_kernel
-
+    """Every split count gives the same answer; splits past a short sequence's end are empty."""
     step = Step([(n, 1) for n in DECODE_LENS], HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, window,
                 torch.float32, seed=3)
     meta = step.meta
-    out, again = torch.empty_like(step.q), torch.empty_like(step.q)
-    for o in (out, again):
-        paged_decode(step.q, step.k_cache, step.v_cache, meta.decode_block_tables,
-                     meta.decode_context_lens, step.scale, window, o, num_splits=num_splits)
-    assert torch.equal(out, again)
-    if num_splits > 1:
-        assert not decode_kernel._COUNTS[step.q.device].any()
+    out = torch.empty_like(step.q)
+    paged_decode(step.q, step.k_cache, step.v_cache, meta.decode_block_tables,
+                 meta.decode_context_lens, step.scale, window, out, num_splits=num_splits)
     width = meta.decode_block_tables.shape[1] * BLOCK_SIZE
     meta.decode_mask = decode_mask(meta.decode_context_lens, width, window)
     want = _decode(step.q, step.k_cache, step.v_cache, meta, step.scale)

@@ -24,8 +24,8 @@ COMPILE = r"""
 import json, sys
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
-from nextok.kernels.triton import attention, fp8_quant, fused, gemv, gguf_linear, int4_words, paged_decode, quant_linear, w4a16
-MODULES = {"attention": attention, "fp8_quant": fp8_quant, "fused": fused, "gemv": gemv, "paged_decode": paged_decode,
+from nextok.kernels.triton import attention, fp8_quant, fused, gemv, gguf_linear, int4_words, quant_linear, w4a16
+MODULES = {"attention": attention, "fp8_quant": fp8_quant, "fused": fused, "gemv": gemv,
            "gguf_linear": gguf_linear, "int4_words": int4_words, "quant_linear": quant_linear, "w4a16": w4a16}
 
 def build(fn, types, const):
@@ -50,8 +50,8 @@ print(json.dumps(out))
 CACHES = {0: "*bf16", 1: "*i8", 2: "*fp8e4nv"}  # QUANT: none, int8, fp8
 
 ATTN = dict(q_ptr="*bf16", bt_ptr="*i32", lens_ptr="*i32", out_ptr="*bf16", mid_o_ptr="*fp32",
-            mid_lse_ptr="*fp32", count_ptr="*i32", info_ptr="*i32", k_ptr="*bf16", v_ptr="*bf16",
-            slot_ptr="*i64", qk_scale="fp32")
+            mid_lse_ptr="*fp32", info_ptr="*i32", k_ptr="*bf16", v_ptr="*bf16", slot_ptr="*i64",
+            qk_scale="fp32")
 
 
 def _specs() -> list:
@@ -66,10 +66,9 @@ def _specs() -> list:
         types = dict(ATTN, kc_ptr=cache, vc_ptr=cache, ks_ptr="*fp32" if quant == 1 else cache,
                      vs_ptr="*fp32" if quant == 1 else cache)
         specs += [
-            (f"decode quant={quant} splits={splits}", ("paged_decode", "_decode_split_kernel"), types,
-             dict(G=4, D=128, PAGE=16, NUM_SPLITS=splits, HAS_WINDOW=False, BLOCK_G=16, BLOCK_D=128,
-                  BLOCK_N=64, QUANT=quant, INTERPRET=False, PDL=True))
-            for splits in ((1, 16) if quant == 0 else (4,))] + [
+            (f"decode quant={quant}", ("attention", "_decode_split_kernel"), types,
+             dict(G=4, D=128, PAGE=16, NUM_SPLITS=4, HAS_WINDOW=False, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
+                  QUANT=quant, INTERPRET=False, PDL=True)),
             (f"prefill quant={quant}", ("attention", "_prefill_kernel"), types,
              dict(G=4, D=128, PAGE=16, HAS_WINDOW=True, BLOCK_M=64, BLOCK_D=128, BLOCK_N=64, QUANT=quant,
                   INTERPRET=False)),
@@ -81,6 +80,8 @@ def _specs() -> list:
                       dict(HAS_RESIDUAL=True, BLOCK=4096, PDL=pdl)))
     specs.append(("silu_mul", ("fused", "_silu_mul_kernel"), dict(gu_ptr="*bf16", out_ptr="*bf16"),
                   dict(BLOCK=1024, PDL=True)))
+    specs.append(("decode reduce", ("attention", "_decode_reduce_kernel"), ATTN,
+                  dict(D=128, NUM_SPLITS=4, BLOCK_S=4, BLOCK_D=128, PDL=True)))
     specs.append(("fp8 row quantizer", ("fp8_quant", "_quant_rows_kernel"),
                   dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32"), dict(BLOCK=4096)))
     for dot in (False, True):
@@ -139,9 +140,6 @@ def test_compiles_for_sm90(built, name):
     result = built[name]
     assert result["ok"], result.get("error")
     assert not result["local"], "spills to local memory"
-    if name.startswith("decode"):
-        # the lengths and block tables are read before the PDL wait (kernels/triton/attention.py)
-        assert result["load_before_wait"], "no load before griddepcontrol.wait"
     if name.startswith("w4a16 dp4a"):
         assert result["dp4a"], "the dp4a instructions are gone from the PTX"
         # the first tile of W is loaded before the PDL wait, while the kernel before finishes

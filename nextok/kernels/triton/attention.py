@@ -1,5 +1,4 @@
-"""Triton kernels over the paged KV pool: KV store, paged (chunked) prefill, and the key-tile
-helpers that the split-KV paged decode (paged_decode.py) shares.
+"""Triton kernels over the paged KV pool: KV store, split-KV paged decode, paged (chunked) prefill.
 
 Cache layout per layer: [num_blocks, block_size, KVH, D]. Key position t of a sequence lives in
 page `block_table[t // block_size]`, row `t % block_size`. The kernels gather pages per key (the
@@ -21,12 +20,16 @@ float32 inputs are not rounded to tf32.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
+from nextok.kernels.triton import pdl
 from nextok.kernels.triton.e4m3 import to_e4m3
+from nextok.kernels.triton.pdl import pdl_wait
 
 LOG2E = 1.4426950408889634
 
@@ -102,47 +105,25 @@ def _scale_views(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple:
 
 # ---- shared: online softmax over a range of keys -------------------------------------------------
 @triton.jit
-def _tile_rows(n0, end, bt_row, s_cb, s_cs, d_off, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-               SCALE_COL: tl.constexpr):
-    # Keys n0 + [0, BLOCK_N): their positions, which are < end, and where their rows are:
-    # off [N, BD] into the cache, srow [N] into its float32 view (int8 rows' scales)
+def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, ks_base, vs_base, bt_row,
+                 s_cb, s_cs, d_off, d_mask, qk_scale, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, QUANT: tl.constexpr,
+                 SCALE_COL: tl.constexpr, INTERPRET: tl.constexpr):
+    # q: [M, BD]; acc: [M, BD] f32; m_i, l_i: [M] f32 (base-2 running max and sum).
+    # Keys n0 + [0, BLOCK_N), only those < end loaded. MASK 0: every row sees every key (no
+    # masking work); 1: keys < end; 2: causal on pos_q [M] (+ sliding window). Padding rows
+    # (q = 0) may see unloaded keys (k = v = 0): they are never stored.
     pos_k = n0 + tl.arange(0, BLOCK_N)
     k_ok = pos_k < end
     blk = tl.load(bt_row + pos_k // PAGE, mask=k_ok, other=0)  # page of each key, int64
     off = blk[:, None] * s_cb + (pos_k % PAGE)[:, None] * s_cs + d_off[None, :]
-    srow = blk * (s_cb // 4) + (pos_k % PAGE) * (s_cs // 4) + SCALE_COL
-    return pos_k, k_ok, off, srow
-
-
-@triton.jit
-def _load_rows(base, scale_base, off, srow, rows, d_mask, QUANT: tl.constexpr):
-    # The K (or V) rows where rows [N] is true (others 0), as stored [N, BD], and their int8
-    # scales [N] (QUANT 1: from the cache's float32 view, scale_base; else zeros)
-    x = tl.load(base + off, mask=rows[:, None] & d_mask[None, :], other=0.0)
-    scale = tl.zeros(rows.shape, dtype=tl.float32)
-    if QUANT == 1:
-        scale = tl.load(scale_base + srow, mask=rows, other=0.0)
-    return x, scale
-
-
-@triton.jit
-def _as_dtype(x, scale, dtype, QUANT: tl.constexpr):
-    # a stored K or V tile in the query's dtype: int8 times its row scales, fp8 through float32
-    # (every target converts it)
-    if QUANT == 1:
-        x = (x.to(tl.float32) * scale[:, None]).to(dtype)
-    elif QUANT == 2:
-        x = x.to(tl.float32).to(dtype)
-    return x
-
-
-@triton.jit
-def _scores(q, m_i, k, pos_k, k_ok, pos_q, window, qk_scale, MASK: tl.constexpr,
-            HAS_WINDOW: tl.constexpr, INTERPRET: tl.constexpr):
-    # q: [M, BD]; m_i: [M] f32, the base-2 running max; k [N, BD] in q's dtype at positions
-    # pos_k [N], k_ok [N] those that exist. MASK 0: every row sees every key (no masking
-    # work); 1: keys k_ok; 2: causal on pos_q [M] (+ sliding window). Padding rows (q = 0) may
-    # see unloaded keys (k = v = 0): they are never stored. -> p [M, N], alpha [M], new max [M]
+    kv_mask = k_ok[:, None] & d_mask[None, :]
+    k = tl.load(k_base + off, mask=kv_mask, other=0.0)  # [N, BD]
+    if QUANT == 1:  # int8 rows, each with its float32 scale (ks_base: the cache viewed as float32)
+        srow = blk * (s_cb // 4) + (pos_k % PAGE) * (s_cs // 4) + SCALE_COL
+        k = (k.to(tl.float32) * tl.load(ks_base + srow, mask=k_ok, other=0.0)[:, None]).to(q.dtype)
+    if QUANT == 2:  # fp8 rows: the values themselves (through float32: every target converts it)
+        k = k.to(tl.float32).to(q.dtype)
     if INTERPRET:  # the interpreter's tl.dot multiplies bfloat16's raw bits: upcast there
         q, k = q.to(tl.float32), k.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [M, N]
@@ -157,31 +138,18 @@ def _scores(q, m_i, k, pos_k, k_ok, pos_q, window, qk_scale, MASK: tl.constexpr,
     m_safe = m_new
     if MASK != 0:
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet: 0
-    return tl.exp2(s - m_safe[:, None]), tl.exp2(m_i - m_safe), m_new
-
-
-@triton.jit
-def _accumulate(acc, l_i, p, alpha, v, INTERPRET: tl.constexpr):
-    # acc [M, BD] f32, l_i [M] f32 (the running sum) rescaled by alpha, plus p [M, N] @ v [N, BD]
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    v = tl.load(v_base + off, mask=kv_mask, other=0.0)
+    if QUANT == 1:
+        v = (v.to(tl.float32) * tl.load(vs_base + srow, mask=k_ok, other=0.0)[:, None]).to(q.dtype)
+    if QUANT == 2:
+        v = v.to(tl.float32).to(q.dtype)
     pv = p.to(v.dtype)
     if INTERPRET:
         pv, v = pv.to(tl.float32), v.to(tl.float32)
-    return acc * alpha[:, None] + tl.dot(pv, v, input_precision="ieee"), l_i * alpha + tl.sum(p, axis=1)
-
-
-@triton.jit
-def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, ks_base, vs_base, bt_row,
-                 s_cb, s_cs, d_off, d_mask, qk_scale, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, QUANT: tl.constexpr,
-                 SCALE_COL: tl.constexpr, INTERPRET: tl.constexpr):
-    # Keys n0 + [0, BLOCK_N), only those < end loaded, into the running softmax: acc [M, BD],
-    # m_i, l_i [M] (_scores, _accumulate). V is loaded after the scores: fewer live registers.
-    pos_k, k_ok, off, srow = _tile_rows(n0, end, bt_row, s_cb, s_cs, d_off, PAGE, BLOCK_N, SCALE_COL)
-    k, ks = _load_rows(k_base, ks_base, off, srow, k_ok, d_mask, QUANT)
-    p, alpha, m_new = _scores(q, m_i, _as_dtype(k, ks, q.dtype, QUANT), pos_k, k_ok, pos_q, window,
-                              qk_scale, MASK, HAS_WINDOW, INTERPRET)
-    v, vs = _load_rows(v_base, vs_base, off, srow, k_ok, d_mask, QUANT)
-    acc, l_i = _accumulate(acc, l_i, p, alpha, _as_dtype(v, vs, q.dtype, QUANT), INTERPRET)
+    acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision="ieee")
+    l_i = l_i * alpha + tl.sum(p, axis=1)
     return acc, m_new, l_i
 
 
@@ -208,6 +176,129 @@ def _attend_range(q, acc, m_i, l_i, start, end, pos_q, window, k_base, v_base, k
                                          qk_scale, PAGE, BLOCK_N, MASK, HAS_WINDOW, QUANT,
                                          SCALE_COL, INTERPRET)
     return acc, m_i, l_i
+
+
+# ---- paged decode: split-KV, then a reduce over splits -------------------------------------------
+@triton.jit
+def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr, out_ptr, mid_o_ptr,
+                         mid_lse_ptr, qk_scale, window,
+                         s_qt, s_qh, s_qd, s_cb, s_cs, s_ch, s_cd, s_bt, s_ot, s_oh, s_od,
+                         G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                         NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                         QUANT: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr):
+    # Grid (B, KVH, NUM_SPLITS). The visible keys [lo, len) are cut into NUM_SPLITS ranges of
+    # whole BLOCK_N tiles, sized from this sequence's length; a split past the end does nothing
+    # and writes an empty partial (lse = -inf, o = 0) that the reduce ignores.
+    b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pdl_wait(PDL)
+    ctx = tl.load(lens_ptr + b).to(tl.int32)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(ctx - window, 0)
+    per_split = tl.cdiv(tl.cdiv(ctx - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * per_split
+    end = tl.minimum(start + per_split, ctx)
+
+    g = tl.arange(0, BLOCK_G)
+    head = kvh * G + g
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    q_mask = (g < G)[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + b * s_qt + head[:, None] * s_qh + d[None, :] * s_qd, mask=q_mask, other=0.0)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc, m_i, l_i = _attend_range(q, acc, m_i, l_i, start, end, None, window,
+                                  kc_ptr + kvh * s_ch, vc_ptr + kvh * s_ch,
+                                  ks_ptr + kvh * (s_ch // 4), vs_ptr + kvh * (s_ch // 4),
+                                  bt_ptr + b * s_bt, s_cb, s_cs, d * s_cd, d_mask, qk_scale, PAGE,
+                                  BLOCK_N, MASK=1, HAS_WINDOW=False, QUANT=QUANT,
+                                  SCALE_COL=D // 4, INTERPRET=INTERPRET)
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # 0 for an empty split
+    o = acc / l_safe[:, None]
+    if NUM_SPLITS == 1:  # nothing to reduce: write the output directly
+        tl.store(out_ptr + b * s_ot + head[:, None] * s_oh + d[None, :] * s_od,
+                 o.to(out_ptr.dtype.element_ty), mask=q_mask)
+    else:
+        # mid_o: [B, H, NUM_SPLITS, D] f32 (contiguous); mid_lse: [B, H, NUM_SPLITS] f32
+        row = (b * G * tl.num_programs(1) + head) * NUM_SPLITS + split  # [BLOCK_G]
+        tl.store(mid_o_ptr + row[:, None] * D + d[None, :], o, mask=q_mask)
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
+        tl.store(mid_lse_ptr + row, lse, mask=g < G)
+
+
+@triton.jit
+def _decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, s_ot, s_oh, s_od,
+                          D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    # Grid (B, H): out = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse).
+    b, h = tl.program_id(0), tl.program_id(1)
+    pdl_wait(PDL)
+    row = b * tl.num_programs(1) + h
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    lse = tl.load(mid_lse_ptr + row * NUM_SPLITS + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # [BLOCK_S], 0 for empty splits
+    o = tl.load(mid_o_ptr + (row * NUM_SPLITS + s[:, None]) * D + d[None, :],
+                mask=(s < NUM_SPLITS)[:, None] & (d < D)[None, :], other=0.0)
+    denom = tl.sum(w, axis=0)
+    res = tl.sum(o * w[:, None], axis=0) / tl.where(denom == 0.0, 1.0, denom)
+    tl.store(out_ptr + b * s_ot + h * s_oh + d * s_od, res.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: a handful of splits exercises the reduce on small shapes
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def decode_num_splits(batch: int, kv_heads: int, max_len: int, device: torch.device) -> int:
+    """Splits per (sequence, KV head): enough programs for ~2 waves over the SMs, at least
+    `min_tokens` keys of max_len per split, at most 32. Depends on shapes only (CUDA graphs)."""
+    min_tokens = 256 if device.type == "cuda" else 16
+    want = triton.cdiv(2 * _num_sms(device), batch * kv_heads)
+    return max(1, min(want, triton.cdiv(max_len, min_tokens), 32))
+
+
+def _decode_config(d: int, device: torch.device) -> tuple[int, int]:
+    """(BLOCK_N, num_warps)."""
+    if device.type != "cuda":
+        return 16, 4
+    return (64 if d <= 128 else 32), 4
+
+
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                 window: int | None, out: torch.Tensor, num_splits: int | None = None) -> None:
+    """q: [B, H, D] (one query per sequence, at position len - 1); block_tables: [B, max_blocks];
+    context_lens: [B]; writes out [B, H, D]. Launch grid and arguments depend on shapes only."""
+    b, h, d = q.shape
+    kvh, page = k_cache.shape[2], k_cache.shape[1]
+    g = h // kvh
+    if num_splits is None:
+        num_splits = decode_num_splits(b, kvh, block_tables.shape[1] * page, q.device)
+    block_n, warps = _decode_config(d, q.device)
+    block_d = triton.next_power_of_2(d)
+    mid_o = mid_lse = out  # unused when num_splits == 1
+    if num_splits > 1:
+        mid_o = torch.empty(b, h, num_splits, d, dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty(b, h, num_splits, dtype=torch.float32, device=q.device)
+    ks, vs, quant = _scale_views(k_cache, v_cache)
+    use_pdl = pdl.enabled(q.device)  # each kernel waits before it reads (kernels/triton/pdl.py)
+    _decode_split_kernel[(b, kvh, num_splits)](
+        q, k_cache, v_cache, ks, vs, block_tables, context_lens, out, mid_o, mid_lse,
+        scale * LOG2E, window or 0, *q.stride(), *k_cache.stride(), block_tables.stride(0),
+        *out.stride(), G=g, D=d, PAGE=page, NUM_SPLITS=num_splits, HAS_WINDOW=window is not None,
+        BLOCK_G=max(16, triton.next_power_of_2(g)), BLOCK_D=block_d, BLOCK_N=block_n,
+        QUANT=quant, INTERPRET=INTERPRETED, num_warps=warps, PDL=use_pdl, launch_pdl=use_pdl)
+    if num_splits > 1:
+        _decode_reduce_kernel[(b, h)](mid_o, mid_lse, out, *out.stride(), D=d,
+                                      NUM_SPLITS=num_splits,
+                                      BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+                                      PDL=use_pdl, launch_pdl=use_pdl)
 
 
 # ---- paged prefill: all chunks of a step in one launch -------------------------------------------

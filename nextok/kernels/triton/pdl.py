@@ -9,9 +9,8 @@ already resident, and a GEMV can issue its first weight loads, which depend on n
 it waits for its input.
 
 The contract every kernel launched with `launch_pdl=True` keeps: it calls `pdl_wait(PDL)` before
-it reads anything an earlier kernel of the step wrote and before it writes anything, and nothing
-before the wait reads other than constants (weights) and the step's inputs copied in before its
-first kernel (block tables, context lengths: paged decode reads them early). Kernels not launched with PDL (cuBLAS, torch's own)
+it reads anything an earlier kernel wrote and before it writes anything, and nothing before the
+wait reads other than constants (weights). Kernels not launched with PDL (cuBLAS, torch's own)
 are ordered as usual, so mixing them is safe.
 
 On by default on GPUs of compute capability 9.0 and newer; NEXTOK_PDL=0 turns it off. Never in
