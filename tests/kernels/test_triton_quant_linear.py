@@ -138,6 +138,46 @@ def test_w4a16_on_tiled_words_equals_row_major(shape, tiles, rows):
         w4a16(x, tiled, d, m, layout=(n + 1, tiles[1]))
 
 
+def test_untuned_shapes_split_k_by_their_number_of_tiles():
+    """A GPU or shape without a tuned table: one row in tiles of 128 rows with K split 8 ways
+    below 128 tiles, else 4, never into pieces under one tile of words."""
+    from nextok.kernels.triton.w4a16_tiles import _default_tile
+
+    assert _default_tile("1", 6144, 4096)["SPLIT"] == 8  # 48 tiles
+    assert _default_tile("1", 4096, 14336)["SPLIT"] == 8
+    assert _default_tile("1", 28672, 4096)["SPLIT"] == 4  # 224 tiles
+    assert _default_tile("1", 4096, 512)["SPLIT"] == 2  # 64 words a row: two pieces of 32
+    assert _default_tile("1", 4096, 128)["SPLIT"] == 1
+    assert _default_tile("8", 4096, 4096)["BLOCK_M"] == 8
+
+
+def test_committed_tile_tables_are_well_formed():
+    """Every tuned table (kernels/triton/configs, written by benchmarks/gpu/w4a16_probe.py):
+    shapes "NxK", row classes 1/4/8/16, tiles the kernels take on tiled words."""
+    import glob
+    import json
+    import os
+
+    from nextok.kernels.triton import w4a16_tiles
+
+    paths = glob.glob(os.path.join(w4a16_tiles.CONFIG_DIR, "w4a16_*.json"))
+    assert any(p.endswith("w4a16_h200.json") for p in paths)
+    for path in paths:
+        with open(path) as f:
+            table = json.load(f)
+        for shape, entry in table.items():
+            n, k = (int(v) for v in shape.split("x"))
+            assert set(entry) <= {"1", "4", "8", "16"}, path
+            for cls, tile in entry.items():
+                if tile.get("dot"):
+                    assert cls == "8", path
+                    continue
+                assert tile["TW"] % words4.LAYOUT[1] == 0 and tile["BLOCK_N"] in (16, 32, 64, 128), (path, shape)
+                if cls != "16":
+                    assert tile["BLOCK_M"] == int(cls) and tile["SPLIT"] in (1, 2, 4, 8, 16), (path, shape)
+                    assert tile.get("DEPTH", 1) in (1, 2), (path, shape)
+
+
 @pytest.mark.parametrize("rows", [1, 5])
 def test_w4a16_loading_two_tiles_ahead_gives_the_same_products(monkeypatch, rows):
     """DEPTH 2 (the one-to-eight-row kernel loads W two tiles ahead) changes when words are

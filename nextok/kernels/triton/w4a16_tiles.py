@@ -40,30 +40,28 @@ def _row_class(m: int) -> str:
     return next(c for c in ("1", "4", "8") if m <= int(c))
 
 
-# Where the GPU has no table: the best one-row tile at every Llama-3.1-8B shape but gate_up
-# (SPLIT 2) on an H200; for 2-8 rows the tile within ~10 % of the best at all four 8B shapes in
-# the H200's sweep (2026-12-05-w4a16-probe-h200-dp4a-rows.json: at 8 rows 1.5-2x faster than
-# the 32-row, 8-warp guess this table had, which an H100 without a table took: 10.6 ms a step).
+# Where the GPU has no table: one row in tiles of 128 rows, K split by _default_tile; 2-8 rows in
+# the tile within ~10 % of the best at all four 8B shapes in the H200's sweep
+# (2026-12-05-w4a16-probe-h200-dp4a-rows.json: at 8 rows 1.5-2x faster than the 32-row, 8-warp
+# guess this table had, which an H100 without a table took: 10.6 ms a step).
 DEFAULT_TILES = {"1": dict(BLOCK_N=128, TW=32, num_warps=4, num_stages=3, SPLIT=8),
                  "4": dict(BLOCK_N=64, TW=32, num_warps=4, num_stages=3, SPLIT=4, BLOCK_M=4),
                  "8": dict(BLOCK_N=64, TW=32, num_warps=4, num_stages=3, SPLIT=4, BLOCK_M=8),
                  "16": dict(BLOCK_N=32, TW=32, num_warps=4, num_stages=3)}
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _default_tile(cls: str, n: int, device: torch.device) -> dict:
-    """An untuned shape's tile: the default; at one row with K split so that ~4 programs per SM
-    stream W (the tuned one-row tiles have 4-8 per SM: o_proj's 32 tiles split 16 ways, gate_up's
-    224 two ways); a 128k-row lm_head has 1002 tiles and needs no split."""
+def _default_tile(cls: str, n: int, k: int) -> dict:
+    """An untuned shape's tile: the default; at one row K split 8 ways where N makes fewer than 128
+    tiles, else 4 (and never into pieces of under one tile of words). Against the best tile of
+    the 8B shapes' sweeps on tiled words (2026-12-05, H200 and H100) this is 1.00-1.17x its time;
+    the split that aimed at ~4 programs an SM before was 1.19-1.40x at three of the four."""
     tile = DEFAULT_TILES[cls]
     if cls != "1":  # 2-8 rows: SPLIT 4 was within ~10 % of the best at every 8B shape
         return tile
-    want = 4 * _sm_count(device.index or 0) / triton.cdiv(n, tile["BLOCK_N"])
-    return dict(tile, SPLIT=next((s for s in (16, 8, 4, 2) if s <= want), 1))
+    split = 8 if triton.cdiv(n, tile["BLOCK_N"]) < 128 else 4
+    while split > 1 and k // 8 < split * tile["TW"]:
+        split //= 2
+    return dict(tile, SPLIT=split)
 
 
 def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
@@ -88,7 +86,7 @@ def config(m: int, n: int, k: int, group: int, device: torch.device) -> tuple[bo
         return dot, _tile(_OVERRIDE, m, dot, wpg)
     table = _tuned(torch.cuda.get_device_name(device)).get(f"{n}x{k}", {})
     cls = "16" if m > DP4A_ROWS else _row_class(m)
-    tile = table.get(cls) or _default_tile(cls, n, device)
+    tile = table.get(cls) or _default_tile(cls, n, k)
     if tile.get("dot"):
         cls, tile = "16", table.get("16") or DEFAULT_TILES["16"]
     return cls == "16", _tile(tile, m, cls == "16", wpg)
