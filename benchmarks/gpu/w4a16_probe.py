@@ -40,12 +40,13 @@ CALLS = 24
 # the words' order swept: Int4Linear's tiles on CUDA (int4_words.LAYOUT), or PROBE_LAYOUT=rowmajor
 LAYOUT = None if os.environ.get("PROBE_LAYOUT") == "rowmajor" else words4.LAYOUT
 ROW_COUNTS = [int(r) for r in os.environ.get("PROBE_ROWS", "1,4,8").split(",")]  # PROBE_ROWS=1: one row only
-# DEPTH: tiles of W loaded ahead (w4a16.py)
-DP4A = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1, DEPTH=dp)
-        for bn, tw, nw, sp, dp in itertools.product((64, 128), (16, 32), (4, 8), (2, 4, 8, 16), (1, 2))]
+# DEPTH: tiles of W loaded ahead; XAHEAD: x's tiles loaded one ahead too (w4a16.py). One row:
+# TW 32 only, the best at every 8B shape on both cards (2026-12-05).
+DP4A = [dict(BLOCK_N=bn, TW=32, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1, DEPTH=dp, XAHEAD=xa)
+        for bn, nw, sp, dp, xa in itertools.product((64, 128), (4, 8), (2, 4, 8, 16), (1, 2), (0, 1))]
 # 4 and 8 rows: all rows in one program
-ROWS = {rows: [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=rows, DEPTH=dp)
-               for bn, tw, nw, sp, dp in itertools.product((32, 64), (16, 32), (4, 8), (2, 4, 8), (1, 2))]
+ROWS = {rows: [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=rows, DEPTH=1, XAHEAD=xa)
+               for bn, tw, nw, sp, xa in itertools.product((32, 64), (16, 32), (4, 8), (2, 4, 8), (0, 1))]
         for rows in (4, 8)}
 
 

@@ -175,25 +175,29 @@ def test_committed_tile_tables_are_well_formed():
                 assert tile["TW"] % words4.LAYOUT[1] == 0 and tile["BLOCK_N"] in (16, 32, 64, 128), (path, shape)
                 if cls != "16":
                     assert tile["BLOCK_M"] == int(cls) and tile["SPLIT"] in (1, 2, 4, 8, 16), (path, shape)
-                    assert tile.get("DEPTH", 1) in (1, 2), (path, shape)
+                    assert tile.get("DEPTH", 1) in (1, 2) and tile.get("XAHEAD", 0) in (0, 1), (path, shape)
 
 
+@pytest.mark.parametrize("ahead", [dict(DEPTH=2), dict(XAHEAD=1), dict(DEPTH=2, XAHEAD=1)], ids=str)
 @pytest.mark.parametrize("rows", [1, 5])
-def test_w4a16_loading_two_tiles_ahead_gives_the_same_products(monkeypatch, rows):
-    """DEPTH 2 (the one-to-eight-row kernel loads W two tiles ahead) changes when words are
-    loaded, not what is added: bit-identical to DEPTH 1, on tiled and row-major words."""
+def test_w4a16_loading_tiles_ahead_gives_the_same_products(monkeypatch, rows, ahead):
+    """DEPTH 2 (the one-to-eight-row kernel loads W two tiles ahead) and XAHEAD (x's tiles one
+    ahead too) change when things are loaded, not what is added: bit-identical to neither, on
+    tiled and row-major words, and with silu(gate) * up taken in."""
     from nextok.kernels.triton import w4a16_tiles
 
     n, k, group = SHAPES[0]
     w, x, b = _data(torch.bfloat16, n, k, rows)
+    gate_up = torch.randn(rows, 2 * k, generator=torch.Generator().manual_seed(rows)).to(DEVICE, torch.bfloat16)
     q, d, m = quantize_groups(w, group)
     words, d, m = pack_words(q).to(DEVICE), d.to(DEVICE), m.to(DEVICE)
     tiled = words4.tile_words(words, TILES)
-    want = w4a16(x, words, d, m, b)
+    want, want_silu = w4a16(x, words, d, m, b), w4a16(gate_up, words, d, m, b, silu_mul=True)
     config = w4a16_tiles.config
-    monkeypatch.setattr(w4a16_tiles, "config", lambda *a: (lambda dot, cfg: (dot, dict(cfg, DEPTH=2)))(*config(*a)))
+    monkeypatch.setattr(w4a16_tiles, "config", lambda *a: (lambda dot, cfg: (dot, dict(cfg, **ahead)))(*config(*a)))
     assert torch.equal(w4a16(x, words, d, m, b), want)
     assert torch.equal(w4a16(x, tiled, d, m, b, layout=TILES), want)
+    assert torch.equal(w4a16(gate_up, tiled, d, m, b, silu_mul=True, layout=TILES), want_silu)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -136,12 +136,27 @@ def _bytes(v):
 
 
 @triton.jit
+def _x_tile(x_rows, xw, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL: tl.constexpr, LOAD: tl.constexpr):
+    # x's words xw of the program's rows [BLOCK_M, GT, WPG, 8] as stored, and with SILU_MUL the
+    # up half's beside them (else x again); LOAD False: zeros of that shape, nothing read
+    x_ok = xrow_ok & (xw >= kw_lo) & (xw < kw_hi)
+    if LOAD:
+        x = tl.load(x_rows + xw * 8, mask=x_ok, other=0.0)
+    else:
+        x = tl.zeros((x_rows + xw * 8).shape, dtype=x_rows.dtype.element_ty)
+    up = x
+    if SILU_MUL and LOAD:
+        up = tl.load(x_rows + 8 * KW + xw * 8, mask=x_ok, other=0.0)
+    return x, up
+
+
+@triton.jit
 def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
                        M, N, KW, G, s_xm, s_ym, WPG: tl.constexpr, GT: tl.constexpr,
                        SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                        INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr, LN: tl.constexpr,
-                       LW: tl.constexpr, DEPTH: tl.constexpr):
+                       LW: tl.constexpr, DEPTH: tl.constexpr, XAHEAD: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),): a program takes BLOCK_M rows of x,
     # BLOCK_N rows of W and a SPLIT-th of K; the programs of one tile of W run side by side, so
     # its bytes come from DRAM once. x [M, 8 KW]; words [N, KW]; d, m [N, G]; y [M, N]. A tile:
@@ -184,7 +199,8 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     # this one (the norm that writes x) finishes, instead of after it. At one row an o_proj reads
     # 8.4 MB, ~2 us at the copy bandwidth, about what a kernel's start costs. Two ahead: a tile's
     # compute (~0.7 us a round of 4 programs an SM at one row) is about DRAM's latency under
-    # load, so one tile ahead barely covers it; two cost 16 more registers a thread.
+    # load, so one tile ahead barely covers it; two cost 16 more registers a thread (H100 sweep,
+    # 2026-12-05: 4-5 % faster at the two K-split-8 shapes of the 8B, equal at the others).
     # W's pointers for the tile at word 0, once; each tile adds _tile_step of its first word.
     # (kw_start: 0 spelled out for the interpreter, where a name assigned under an `if` is a
     # tensor)
@@ -198,7 +214,16 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
         word = kw_start + TW + wword
         w_after = tl.load(w_tile + _tile_step(kw_start + TW, LN),
                           mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
+    # XAHEAD: x's tile (and up's) is loaded one tile ahead as well, after the wait (an earlier
+    # kernel writes x): else each tile's x-prep waits a full L2 round trip for its x. Why it
+    # may matter: the H200's gate_up at one row takes 24.4 us, the sum of its ~9.9 us of issue
+    # (22.5 instructions a word) and 14.7 us of DRAM at the copy bandwidth, as if the two never
+    # overlapped. (Swept by w4a16_probe.py; not yet timed.)
+    x_rows = x_ptr + xrow * s_xm + col
+    x_next, up_next = _x_tile(x_rows, kw_start + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL, False)
     pdl_wait(PDL)
+    if XAHEAD:
+        x_next, up_next = _x_tile(x_rows, kw_start + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL, True)
     for kw0 in range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi, TW):
         w = w_next
         word = kw0 + DEPTH * TW + wword
@@ -209,12 +234,14 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
         else:
             w_next = tl.load(w_tile + _tile_step(kw0 + TW, LN),
                              mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
+        if XAHEAD:
+            x, up = x_next, up_next
+            x_next, up_next = _x_tile(x_rows, kw0 + TW + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL, True)
+        else:
+            x, up = _x_tile(x_rows, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL, True)
         # x in fixed point per word: x = s (256 hi + lo), s = 2^(E - 13)
-        xw = kw0 + xword
-        x_ok = xrow_ok & (xw >= kw_lo) & (xw < kw_hi)
-        x = tl.load(x_ptr + xrow * s_xm + xw * 8 + col, mask=x_ok, other=0.0).to(tl.float32)
+        x = x.to(tl.float32)
         if SILU_MUL:
-            up = tl.load(x_ptr + xrow * s_xm + 8 * KW + xw * 8 + col, mask=x_ok, other=0.0)
             x = _round(x / (1.0 + tl.exp(-x)), x_ptr.dtype.element_ty)
             x = _round(x * up.to(tl.float32), x_ptr.dtype.element_ty)
         amax = tl.maximum(tl.max(tl.abs(x), axis=3), 1e-30)  # [BLOCK_M, GT, WPG]

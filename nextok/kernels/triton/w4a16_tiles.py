@@ -1,10 +1,10 @@
 """Which tiles the W4A16 kernels (w4a16.py) run with, per GPU, shape and number of rows.
 
 Tuned tiles per GPU: {"<N>x<K>": {row class: tile}} (tile: BLOCK_N, TW words per row per tile,
-num_warps, num_stages, and for dp4a SPLIT, BLOCK_M and DEPTH, how many tiles of W ahead it loads
-(1 if absent); row classes: _row_class), written by
-benchmarks/gpu/w4a16_probe.py to configs/w4a16_<gpu>.json. NEXTOK_W4A16_CONFIGS names another
-table; a GPU without one takes DEFAULT_TILES.
+num_warps, num_stages, and for dp4a SPLIT, BLOCK_M, DEPTH, how many tiles of W ahead it loads
+(1 if absent), and XAHEAD, whether x's tiles are loaded one ahead too (0 if absent); row
+classes: _row_class), written by benchmarks/gpu/w4a16_probe.py to configs/w4a16_<gpu>.json.
+NEXTOK_W4A16_CONFIGS names another table; a GPU without one takes DEFAULT_TILES.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def _default_tile(cls: str, n: int, k: int) -> dict:
 def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
     extra = dict(BLOCK_M=16) if dot else dict(
         SPLIT=tile.get("SPLIT", 1), BLOCK_M=min(tile.get("BLOCK_M", 1), triton.next_power_of_2(m)),
-        DEPTH=tile.get("DEPTH", 1))
+        DEPTH=tile.get("DEPTH", 1), XAHEAD=tile.get("XAHEAD", 0))
     return dict(BLOCK_N=tile["BLOCK_N"], GT=max(1, tile["TW"] // wpg), num_warps=tile["num_warps"],
                 num_stages=tile["num_stages"], **extra)
 
