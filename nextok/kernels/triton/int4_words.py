@@ -63,10 +63,11 @@ def _dequant_kernel(w_ptr, d_ptr, m_ptr, out_ptr, N, KW, G, WPG: tl.constexpr, B
 # Why: in row-major order a program's tile of 128 rows x 32 words is 128 runs of 128 bytes, 2-7
 # KB apart, and DRAM serves short scattered runs at well under its copy bandwidth. The one-row
 # kernel read ~2.3 TB/s of 4.25 on an H200, and the 8B step took 1.42x as long on an H100 with
-# 1.42x less bandwidth and the same SMs and clock: bound by memory, not by instructions. In
-# tiles a program streams 4 KB tiles, consecutive along K (a kernel's TW must be a multiple of
-# the tile's 16 words; every CUDA tile is). Timed on an H200 (2026-12-05-evening-gpu.md): the
-# 8B gate_up at one row 29.3 -> 24.4 us, the three smaller shapes unchanged.
+# 1.42x less bandwidth and the same SMs and clock, which pointed at memory. In tiles a program
+# streams 4 KB tiles, consecutive along K (a kernel's TW must be a multiple of the tile's 16
+# words; every CUDA tile is). Timed on an H200 (2026-12-05-evening-gpu.md): the 8B gate_up at
+# one row 29.3 -> 24.4 us, the three smaller shapes unchanged; what is left looks like issue
+# and memory time not overlapping (w4a16.py, XAHEAD).
 LAYOUT = (64, 16)
 
 
