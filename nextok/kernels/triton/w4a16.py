@@ -151,6 +151,17 @@ def _x_tile(x_rows, xw, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL: tl.constexpr, LOAD:
 
 
 @triton.jit
+def _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG: tl.constexpr, GT: tl.constexpr):
+    # d and m of the GT groups from word kw0 of rows n, float32 [1, BLOCK_N, GT]
+    grp = kw0 // WPG + tl.arange(0, GT)[None, None, :]  # [1, 1, GT]
+    g_mask = n_ok[None, :, None] & (grp * WPG >= kw_lo) & (grp * WPG < kw_hi)
+    gptr = n[None, :, None] * G + grp
+    d = tl.load(d_ptr + gptr, mask=g_mask, other=0.0).to(tl.float32)
+    mn = tl.load(m_ptr + gptr, mask=g_mask, other=0.0).to(tl.float32)
+    return d, mn
+
+
+@triton.jit
 def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
                        M, N, KW, G, s_xm, s_ym, WPG: tl.constexpr, GT: tl.constexpr,
                        SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
@@ -215,12 +226,14 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
         w_after = tl.load(w_tile + _tile_step(kw_start + TW, LN),
                           mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
     # XAHEAD: x's tile (and up's) is loaded one tile ahead as well, after the wait (an earlier
-    # kernel writes x): else each tile's x-prep waits a full L2 round trip for its x. Why it
+    # kernel writes x), and so are the scales d, m: else each tile's x-prep waits a full L2
+    # round trip for its x. Why it
     # may matter: the H200's gate_up at one row takes 24.4 us, the sum of its ~9.9 us of issue
     # (22.5 instructions a word) and 14.7 us of DRAM at the copy bandwidth, as if the two never
     # overlapped. (Swept by w4a16_probe.py; not yet timed.)
     x_rows = x_ptr + xrow * s_xm + col
     x_next, up_next = _x_tile(x_rows, kw_start + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL, False)
+    d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw_start, kw_lo, kw_hi, G, WPG, GT)  # constants
     pdl_wait(PDL)
     if XAHEAD:
         x_next, up_next = _x_tile(x_rows, kw_start + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL, True)
@@ -258,11 +271,11 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
         t = _dp4a(wo, _bytes(hi_o), t, True, INTERPRET) << 8
         t = _dp4a(we, _bytes(lo_e), t, False, INTERPRET)
         t = _dp4a(wo, _bytes(lo_o), t, False, INTERPRET)
-        grp = kw0 // WPG + tl.arange(0, GT)[None, None, :]  # [1, 1, GT]
-        g_mask = n_ok[None, :, None] & (grp * WPG >= kw_lo) & (grp * WPG < kw_hi)
-        gptr = n[None, :, None] * G + grp
-        d = tl.load(d_ptr + gptr, mask=g_mask, other=0.0).to(tl.float32)  # [1, BLOCK_N, GT]
-        mn = tl.load(m_ptr + gptr, mask=g_mask, other=0.0).to(tl.float32)
+        if XAHEAD:
+            d, mn = d_next, mn_next
+            d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw0 + TW, kw_lo, kw_hi, G, WPG, GT)
+        else:
+            d, mn = _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG, GT)
         xsum = tl.sum(tl.sum(x, axis=3), axis=2)[:, None, :]  # [BLOCK_M, 1, GT]
         acc += tl.sum(t.to(tl.float32) * s[:, None, :, :], axis=3) * d + mn * xsum
     out = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]
