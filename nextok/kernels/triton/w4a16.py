@@ -136,16 +136,20 @@ def _bytes(v):
 
 
 @triton.jit
-def _x_tile(x_rows, xw, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL: tl.constexpr, LOAD: tl.constexpr):
+def _w_tile(w_tile, wword, kw0, n_ok4, kw_lo, kw_hi, LN: tl.constexpr):
+    # W's words of the tile at word kw0, [1, BLOCK_N, GT, WPG] (0 outside the split)
+    word = kw0 + wword
+    return tl.load(w_tile + _tile_step(kw0, LN), mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
+
+
+@triton.jit
+def _x_tile(x_rows, xw, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL: tl.constexpr):
     # x's words xw of the program's rows [BLOCK_M, GT, WPG, 8] as stored, and with SILU_MUL the
-    # up half's beside them (else x again); LOAD False: zeros of that shape, nothing read
+    # up half's beside them (else x again)
     x_ok = xrow_ok & (xw >= kw_lo) & (xw < kw_hi)
-    if LOAD:
-        x = tl.load(x_rows + xw * 8, mask=x_ok, other=0.0)
-    else:
-        x = tl.zeros((x_rows + xw * 8).shape, dtype=x_rows.dtype.element_ty)
+    x = tl.load(x_rows + xw * 8, mask=x_ok, other=0.0)
     up = x
-    if SILU_MUL and LOAD:
+    if SILU_MUL:
         up = tl.load(x_rows + 8 * KW + xw * 8, mask=x_ok, other=0.0)
     return x, up
 
@@ -217,41 +221,33 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     # tensor)
     w_tile = _tile_ptrs(w_ptr, n4, wword, KW, TW, LN, LW)
     kw_start = 0 if INTERPRET else kw_first
-    word = kw_start + wword
-    w_next = tl.load(w_tile + _tile_step(kw_start, LN), mask=n_ok4 & (word >= kw_lo) & (word < kw_hi),
-                     other=0)
-    w_after = w_next
+    w_next = _w_tile(w_tile, wword, kw_start, n_ok4, kw_lo, kw_hi, LN)
     if DEPTH == 2:
-        word = kw_start + TW + wword
-        w_after = tl.load(w_tile + _tile_step(kw_start + TW, LN),
-                          mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
+        w_after = _w_tile(w_tile, wword, kw_start + TW, n_ok4, kw_lo, kw_hi, LN)
     # XAHEAD: x's tile (and up's) is loaded one tile ahead as well, after the wait (an earlier
-    # kernel writes x), and so are the scales d, m: else each tile's x-prep waits a full L2
-    # round trip for its x. Why it
-    # may matter: the H200's gate_up at one row takes 24.4 us, the sum of its ~9.9 us of issue
-    # (22.5 instructions a word) and 14.7 us of DRAM at the copy bandwidth, as if the two never
-    # overlapped. (Swept by w4a16_probe.py; not yet timed.)
+    # kernel writes x), and so are the scales d, m (constants: the first before the wait); else
+    # each tile's x-prep waits a full L2 round trip for its x. Why it may matter: the H200's
+    # gate_up at one row takes 24.4 us, the sum of its ~9.9 us of issue (22.5 instructions a
+    # word) and 14.7 us of DRAM at the copy bandwidth, as if the two never overlapped. (Swept by
+    # w4a16_probe.py; not yet timed.)
     x_rows = x_ptr + xrow * s_xm + col
-    x_next, up_next = _x_tile(x_rows, kw_start + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL, False)
-    d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw_start, kw_lo, kw_hi, G, WPG, GT)  # constants
+    if XAHEAD:
+        d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw_start, kw_lo, kw_hi, G, WPG, GT)
     pdl_wait(PDL)
     if XAHEAD:
-        x_next, up_next = _x_tile(x_rows, kw_start + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL, True)
+        x_next, up_next = _x_tile(x_rows, kw_start + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
     for kw0 in range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi, TW):
         w = w_next
-        word = kw0 + DEPTH * TW + wword
         if DEPTH == 2:
             w_next = w_after
-            w_after = tl.load(w_tile + _tile_step(kw0 + 2 * TW, LN),
-                              mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
+            w_after = _w_tile(w_tile, wword, kw0 + 2 * TW, n_ok4, kw_lo, kw_hi, LN)
         else:
-            w_next = tl.load(w_tile + _tile_step(kw0 + TW, LN),
-                             mask=n_ok4 & (word >= kw_lo) & (word < kw_hi), other=0)
+            w_next = _w_tile(w_tile, wword, kw0 + TW, n_ok4, kw_lo, kw_hi, LN)
         if XAHEAD:
             x, up = x_next, up_next
-            x_next, up_next = _x_tile(x_rows, kw0 + TW + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL, True)
+            x_next, up_next = _x_tile(x_rows, kw0 + TW + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
         else:
-            x, up = _x_tile(x_rows, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL, True)
+            x, up = _x_tile(x_rows, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
         # x in fixed point per word: x = s (256 hi + lo), s = 2^(E - 13)
         x = x.to(tl.float32)
         if SILU_MUL:
