@@ -203,15 +203,17 @@ def test_int8_kv_cache(window):
     torch.testing.assert_close(out, want, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", WINDOWS)
-def test_fp8_kv_cache(window):
+def test_fp8_kv_cache(window, dtype):
     """An fp8 pool (rows of D e4m3 values, no scale, attention/kv_quant.py): the Triton store
     writes the bytes the torch backend writes (clamped to +-448), and the decode and paged
-    prefill kernels read the pool as the torch backend does."""
+    prefill kernels read the pool as the torch backend does. (A bfloat16 q meets the fp8 keys
+    in float16 there, _fp8_query; the reference works in bfloat16.)"""
     from nextok.attention import kv_quant
 
     lens = [(n, 1) for n in DECODE_LENS] + CHUNKS
-    step = Step(lens, HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, window, torch.float32, seed=6)
+    step = Step(lens, HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, window, dtype, seed=6)
     step.v[0, 0, :2] = torch.tensor([1000.0, -600.0])  # beyond e4m3's range: stored as +-448
     kc = kv_quant.quantize_rows(step.k_cache, torch.float8_e4m3fn)
     vc = kv_quant.quantize_rows(step.v_cache, torch.float8_e4m3fn)
@@ -228,7 +230,8 @@ def test_fp8_kv_cache(window):
         assert not torch.equal(got.view(torch.uint8), kc.view(torch.uint8))  # this step's rows
     slot = int(meta.slot_mapping[0])
     assert tri_vc.view(-1, KV_HEADS, HEAD_DIM)[slot, 0, :2].float().tolist() == [448.0, -448.0]
-    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, want, rtol=tol, atol=tol)
 
 
 def test_fp8_store_rounds_as_torch():
