@@ -142,6 +142,10 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = self.new_kv_caches(num_blocks)
         self.graphs = self.capture_graphs(self.kv_caches)
+        if self.device.type == "cuda" and self.config.attention_backend == "triton":
+            from nextok.worker.warmup import warm_up
+
+            log.info("compiled the eager steps' kernels in %.1f s", warm_up(self))
 
     def capture_graphs(self, kv_caches: list):
         """Decode-step CUDA graphs of this model over kv_caches (CUDA, triton, not eager), or None.

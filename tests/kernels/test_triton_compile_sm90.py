@@ -68,7 +68,7 @@ def _specs() -> list:
                      vs_ptr="*fp32" if quant == 1 else cache)
         specs += [
             (f"decode quant={quant}", ("attention", "_decode_split_kernel"), types,
-             dict(G=4, D=128, PAGE=16, NUM_SPLITS=4, HAS_WINDOW=False, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
+             dict(G=4, D=128, PAGE=16, HAS_WINDOW=False, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
                   QUANT=quant, INTERPRET=False, PDL=True)),
             (f"prefill quant={quant}", ("attention", "_prefill_kernel"), types,
              dict(G=4, D=128, PAGE=16, HAS_WINDOW=True, BLOCK_M=64, BLOCK_D=128, BLOCK_N=64, QUANT=quant,
@@ -82,7 +82,7 @@ def _specs() -> list:
     specs.append(("silu_mul", ("fused", "_silu_mul_kernel"), dict(gu_ptr="*bf16", out_ptr="*bf16"),
                   dict(BLOCK=1024, PDL=True)))
     specs.append(("decode reduce", ("attention", "_decode_reduce_kernel"), ATTN,
-                  dict(D=128, NUM_SPLITS=4, BLOCK_S=4, BLOCK_D=128, PDL=True)))
+                  dict(D=128, BLOCK_S=32, BLOCK_D=128, PDL=True)))
     specs.append(("fp8 row quantizer", ("fp8_quant", "_quant_rows_kernel"),
                   dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32"), dict(BLOCK=4096)))
     for dot in (False, True):

@@ -199,15 +199,19 @@ def _attend_range(q, acc, m_i, l_i, start, end, pos_q, window, k_base, v_base, k
 
 
 # ---- paged decode: split-KV, then a reduce over splits -------------------------------------------
-@triton.jit
+# Runtime values that change from step to step (a step's split count and block-table width)
+# are not specialized on: each value of a constexpr, and each integer argument that is 1 or a
+# multiple of 16, would be another compile of ~1-2 s, paid in the middle of serving the first
+# step that meets it (kernels/warmup.py compiles what serving launches, once, at start).
+@triton.jit(do_not_specialize=["num_splits", "s_bt"])
 def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr, out_ptr, mid_o_ptr,
-                         mid_lse_ptr, qk_scale, window,
+                         mid_lse_ptr, qk_scale, window, num_splits,
                          s_qt, s_qh, s_qd, s_cb, s_cs, s_ch, s_cd, s_bt, s_ot, s_oh, s_od,
                          G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                         NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                         HAS_WINDOW: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                          QUANT: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr):
-    # Grid (B, KVH, NUM_SPLITS). The visible keys [lo, len) are cut into NUM_SPLITS ranges of
+    # Grid (B, KVH, num_splits). The visible keys [lo, len) are cut into num_splits ranges of
     # whole BLOCK_N tiles, sized from this sequence's length; a split past the end does nothing
     # and writes an empty partial (lse = -inf, o = 0) that the reduce ignores.
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -216,7 +220,7 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr
     lo = 0
     if HAS_WINDOW:
         lo = tl.maximum(ctx - window, 0)
-    per_split = tl.cdiv(tl.cdiv(ctx - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(ctx - lo, num_splits), BLOCK_N) * BLOCK_N
     start = lo + split * per_split
     end = tl.minimum(start + per_split, ctx)
 
@@ -238,32 +242,32 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr
                                   SCALE_COL=D // 4, INTERPRET=INTERPRET)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # 0 for an empty split
     o = acc / l_safe[:, None]
-    if NUM_SPLITS == 1:  # nothing to reduce: write the output directly
+    if num_splits == 1:  # nothing to reduce: write the output directly
         tl.store(out_ptr + b * s_ot + head[:, None] * s_oh + d[None, :] * s_od,
                  o.to(out_ptr.dtype.element_ty), mask=q_mask)
     else:
-        # mid_o: [B, H, NUM_SPLITS, D] f32 (contiguous); mid_lse: [B, H, NUM_SPLITS] f32
-        row = (b * G * tl.num_programs(1) + head) * NUM_SPLITS + split  # [BLOCK_G]
+        # mid_o: [B, H, num_splits, D] f32 (contiguous); mid_lse: [B, H, num_splits] f32
+        row = (b * G * tl.num_programs(1) + head) * num_splits + split  # [BLOCK_G]
         tl.store(mid_o_ptr + row[:, None] * D + d[None, :], o, mask=q_mask)
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
         tl.store(mid_lse_ptr + row, lse, mask=g < G)
 
 
-@triton.jit
-def _decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, s_ot, s_oh, s_od,
-                          D: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+@triton.jit(do_not_specialize=["num_splits"])
+def _decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, num_splits, s_ot, s_oh, s_od,
+                          D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                          PDL: tl.constexpr):
     # Grid (B, H): out = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse).
     b, h = tl.program_id(0), tl.program_id(1)
     pdl_wait(PDL)
     row = b * tl.num_programs(1) + h
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    lse = tl.load(mid_lse_ptr + row * NUM_SPLITS + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    lse = tl.load(mid_lse_ptr + row * num_splits + s, mask=s < num_splits, other=float("-inf"))
     m = tl.max(lse, axis=0)
     w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # [BLOCK_S], 0 for empty splits
-    o = tl.load(mid_o_ptr + (row * NUM_SPLITS + s[:, None]) * D + d[None, :],
-                mask=(s < NUM_SPLITS)[:, None] & (d < D)[None, :], other=0.0)
+    o = tl.load(mid_o_ptr + (row * num_splits + s[:, None]) * D + d[None, :],
+                mask=(s < num_splits)[:, None] & (d < D)[None, :], other=0.0)
     denom = tl.sum(w, axis=0)
     res = tl.sum(o * w[:, None], axis=0) / tl.where(denom == 0.0, 1.0, denom)
     tl.store(out_ptr + b * s_ot + h * s_oh + d * s_od, res.to(out_ptr.dtype.element_ty), mask=d < D)
@@ -276,12 +280,15 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+MAX_SPLITS = 32  # the reduce kernel's one tile of partials (BLOCK_S)
+
+
 def decode_num_splits(batch: int, kv_heads: int, max_len: int, device: torch.device) -> int:
     """Splits per (sequence, KV head): enough programs for ~2 waves over the SMs, at least
-    `min_tokens` keys of max_len per split, at most 32. Depends on shapes only (CUDA graphs)."""
+    `min_tokens` keys of max_len per split, at most MAX_SPLITS. Depends on shapes only (CUDA graphs)."""
     min_tokens = 256 if device.type == "cuda" else 16
     want = triton.cdiv(2 * _num_sms(device), batch * kv_heads)
-    return max(1, min(want, triton.cdiv(max_len, min_tokens), 32))
+    return max(1, min(want, triton.cdiv(max_len, min_tokens), MAX_SPLITS))
 
 
 def _decode_config(d: int, device: torch.device) -> tuple[int, int]:
@@ -301,6 +308,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     g = h // kvh
     if num_splits is None:
         num_splits = decode_num_splits(b, kvh, block_tables.shape[1] * page, q.device)
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be 1..{MAX_SPLITS}, not {num_splits}")
     block_n, warps = _decode_config(d, q.device)
     block_d = triton.next_power_of_2(d)
     mid_o = mid_lse = out  # unused when num_splits == 1
@@ -311,19 +320,18 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     use_pdl = pdl.enabled(q.device)  # each kernel waits before it reads (kernels/triton/pdl.py)
     _decode_split_kernel[(b, kvh, num_splits)](
         q, k_cache, v_cache, ks, vs, block_tables, context_lens, out, mid_o, mid_lse,
-        scale * LOG2E, window or 0, *q.stride(), *k_cache.stride(), block_tables.stride(0),
-        *out.stride(), G=g, D=d, PAGE=page, NUM_SPLITS=num_splits, HAS_WINDOW=window is not None,
+        scale * LOG2E, window or 0, num_splits, *q.stride(), *k_cache.stride(),
+        block_tables.stride(0), *out.stride(), G=g, D=d, PAGE=page, HAS_WINDOW=window is not None,
         BLOCK_G=max(16, triton.next_power_of_2(g)), BLOCK_D=block_d, BLOCK_N=block_n,
         QUANT=quant, INTERPRET=INTERPRETED, num_warps=warps, PDL=use_pdl, launch_pdl=use_pdl)
     if num_splits > 1:
-        _decode_reduce_kernel[(b, h)](mid_o, mid_lse, out, *out.stride(), D=d,
-                                      NUM_SPLITS=num_splits,
-                                      BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
-                                      PDL=use_pdl, launch_pdl=use_pdl)
+        _decode_reduce_kernel[(b, h)](mid_o, mid_lse, out, num_splits, *out.stride(), D=d,
+                                      BLOCK_S=MAX_SPLITS, BLOCK_D=block_d, PDL=use_pdl,
+                                      launch_pdl=use_pdl)
 
 
 # ---- paged prefill: all chunks of a step in one launch -------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["s_bt"])
 def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, out_ptr, info_ptr, bt_ptr, qk_scale,
                     window, s_qt, s_qh, s_qd, s_cb, s_cs, s_ch, s_cd, s_ot, s_oh, s_od, s_bt,
                     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,

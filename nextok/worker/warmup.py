@@ -1,0 +1,67 @@
+"""Compile at start the Triton kernels that eager steps launch, so that serving never stops for it.
+
+Triton compiles a kernel once per specialization: each value of a constexpr, and each integer
+argument's class (1, a multiple of 16, other), costs a compile of ~1-2 s the first time a step
+launches it. CUDA graph capture (worker/cuda_graph.py) compiles the decode steps of the captured
+batch sizes; the eager steps (prefill chunks mixed with decode rows, steps past the graphs) met
+theirs in the middle of serving. On an H200 a batch of 256 prompts took 5.6 s to its last
+first token with an fp8 KV cache against 2.9 s with a bf16 one, whose kernels an earlier run
+had left in Triton's disk cache (2026-12-05); a user's request would have waited the same.
+
+The kernels take what changes from step to step (split counts, block-table widths) as values
+Triton does not specialize on (kernels/triton/attention.py), so what is left to compile is a
+handful of shapes: `warm_up` runs eager steps of a few sizes and mixes through the model, on
+block 0 of the pool (reserved: no sequence owns it), then the lm_head on 1..MAX_ROWS + 1 rows.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+log = logging.getLogger("nextok")
+
+# (decode rows, tokens of a chunk that continues a cached prefix, tokens of a fresh chunk).
+# Their totals (2, 3, 5, 8, 9, 12, 16, 17, 24, 32, 48) cover 1..8-row kernels, the
+# 9..16-row tiles, the larger paths, and each integer class of the token count (1 is a decode
+# step: CUDA graphs, or the first of these on an engine without them).
+STEPS = ((2, 0, 0), (1, 2, 0), (1, 2, 2), (2, 3, 3), (1, 4, 4), (2, 5, 5), (2, 7, 7), (3, 7, 7),
+         (2, 11, 11), (4, 14, 14), (4, 22, 22))
+PREFIX = 16  # cached tokens before a continuing chunk, a whole block and more
+LOGIT_ROWS = 17  # the lm_head GEMV's 1..8 rows, and the first sizes past it
+
+
+def steps_for(max_batched_tokens: int, max_model_len: int) -> list[tuple[int, int, int]]:
+    """STEPS, with those that would not fit this engine's budget or context left out, plus a
+    single decode row."""
+    fits = [(d, c, f) for d, c, f in STEPS
+            if d + c + f <= max_batched_tokens and PREFIX + 3 * d + c <= max_model_len]
+    return [(1, 0, 0)] + fits
+
+
+@torch.inference_mode()
+def warm_up(runner) -> float:
+    """Eager steps of steps_for()'s shapes through runner's model and lm_head; seconds taken."""
+    start = time.perf_counter()
+    bs = runner.block_size
+    cfg = runner.config
+    for decode, cont, fresh in steps_for(cfg.scheduler.max_num_batched_tokens, runner.max_model_len):
+        chunks = []
+        for i in range(decode):  # decode rows at different lengths: a split count above 1
+            pos = PREFIX + 3 * i
+            chunks.append(([0], pos, [0] * (pos // bs + 1)))
+        if cont:
+            chunks.append(([0] * cont, PREFIX, [0] * -(-(PREFIX + cont) // bs)))
+        if fresh:
+            chunks.append(([0] * fresh, 0, [0] * -(-fresh // bs)))
+        ids, positions, meta, last_rows = runner.chunk_inputs(chunks)
+        hidden = runner.model(ids, positions, runner.kv_caches, meta)
+        runner.model.compute_logits(hidden.index_select(0, ids.new_tensor(last_rows)))
+    hidden = torch.zeros(LOGIT_ROWS, cfg.model.hidden_size, dtype=runner.dtype, device=runner.device)
+    for rows in range(1, LOGIT_ROWS + 1):  # the sampling rows of a step: the lm_head's own tiles
+        runner.model.compute_logits(hidden[:rows])
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)
+    return time.perf_counter() - start
+

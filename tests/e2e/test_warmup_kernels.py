@@ -1,0 +1,74 @@
+"""After the engine's warm-up (worker/warmup.py), serving launches no Triton kernel in a
+specialization the warm-up did not: each new one is a compile of ~1-2 s in the middle of a
+step on a GPU. Recorded here in Triton's interpreter: a launch's specialization is its
+constexprs and launch options, its tensors' dtypes, and the class Triton gives each integer
+argument it specializes on (1, a multiple of 16, other)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from nextok import LLM, SamplingParams  # noqa: E402
+from tests.e2e.test_triton_engine import CONFIG  # noqa: E402
+
+
+def _spec(name: str, value, unspecialized) -> str:
+    if isinstance(value, torch.Tensor):
+        return str(value.dtype)
+    if isinstance(value, bool) or not isinstance(value, int) or name in unspecialized:
+        return type(value).__name__
+    return "1" if value == 1 else "D" if value % 16 == 0 else "i"
+
+
+class Recorder:
+    """Wraps the interpreter's launch: records (kernel, specialization) of every launch."""
+
+    def __init__(self, monkeypatch):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        self.keys: set = set()
+        self.splits: set = set()  # the decode kernels' split counts, as launched
+        original = InterpretedFunction.run
+        recorder = self
+
+        def run(fn, *args, grid, warmup, **kwargs):
+            unspecialized = set(fn.kwargs.get("do_not_specialize") or ())
+            names = [n for n in fn.arg_names if n not in kwargs]
+            spec = tuple(_spec(n, a, unspecialized) for n, a in zip(names, args))
+            recorder.keys.add((fn.__name__, spec, tuple(sorted((k, str(v)) for k, v in kwargs.items()))))
+            if fn.__name__ == "_decode_split_kernel":
+                recorder.splits.add(args[names.index("num_splits")])
+            return original(fn, *args, grid=grid, warmup=warmup, **kwargs)
+
+        monkeypatch.setattr(InterpretedFunction, "run", run)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_serving_launches_only_warmed_kernels(model_path, tmp_path, monkeypatch, kv_cache_dtype):
+    if torch.cuda.is_available():
+        pytest.skip("records launches in Triton's interpreter")
+    from nextok.worker.warmup import warm_up
+
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    llm = LLM(model=str(tmp_path), load_format="dummy", tokenizer=model_path, dtype="float32",
+              device="cpu", max_num_batched_tokens=24, num_kv_blocks=64, attention_backend="triton",
+              kv_cache_dtype=kv_cache_dtype)
+    rec = Recorder(monkeypatch)
+    warm_up(llm.engine.runner)
+    warmed = set(rec.keys)
+    assert any(k[0] == "_prefill_kernel" for k in warmed) and any(k[0] == "_decode_split_kernel" for k in warmed)
+    rec.keys.clear()
+    # Prompts of 1..41 tokens in a 24-token budget: decode batches of 1..6 rows, chunks that
+    # continue a prefix next to decode rows, and a prefix-cache hit.
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in (1, 3, 9, 16, 30, 41)]
+    prompts.append(prompts[-1][:33] + [5, 6])
+    for max_tokens in (2, 9):
+        llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    assert len(rec.splits) > 1  # the steps' split counts differ: one compile serves them all
+    missing = rec.keys - warmed
+    assert not missing, "launched but not warmed:\n" + "\n".join(map(str, sorted(missing)))
