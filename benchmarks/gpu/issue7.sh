@@ -5,6 +5,8 @@
 #                                           PROFILE=1: first a profile of int4 steps by kernel
 #   bash benchmarks/gpu/issue7.sh gguf      the Triton GGUF block kernel: its tests on CUDA, then its tiles
 #                                           at the 8B layer shapes per type against bf16 (gguf_probe.py)
+#   bash benchmarks/gpu/issue7.sh kernels   nextok bench kernels: the fused ops, paged decode on bf16 / int8 /
+#                                           fp8 caches (batch 32 x 4096, 256 x 576) and prefill
 #   bash benchmarks/gpu/issue7.sh fp8-kv    offline throughput 1000 x 512 -> 256, bf16 vs fp8 (and fp8
 #                                           with an fp8 KV cache); the
 #                                           4k-token sequences a KV budget holds per cache dtype
@@ -70,6 +72,11 @@ gguf)
     timeout ${T_PROBE:-300} python3 benchmarks/gpu/gguf_probe.py "$OUT/gguf-probe.json" \
         ${PROBE_SHAPES:-6144x4096,4096x4096,28672x4096,4096x14336} ${PROBE_TYPES:-2,12,6,14,8} 2>&1 | grep -v "^  " | tail -45
     ;;
+kernels)
+    step "bench kernels (fused ops, paged attention per KV cache dtype)"
+    run_for ${T_KERNELS:-150} python3 -m nextok bench kernels --output "$OUT/kernels.json" 2>&1 \
+        | grep -v Warning | tail -30
+    ;;
 fp8-kv)
     # fp8kv: FP8 weights and an fp8 KV cache, as FP8 is served on Hopper. In this workload the
     # decode steps read more KV (256 sequences x ~640 tokens x 128 KiB) than weights (16 GB), so
@@ -93,7 +100,7 @@ fp8-kv)
     done
     ;;
 *)
-    echo "usage: $0 w4a16|gguf|fp8-kv" >&2
+    echo "usage: $0 w4a16|gguf|kernels|fp8-kv" >&2
     exit 2
     ;;
 esac

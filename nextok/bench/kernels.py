@@ -4,8 +4,9 @@
   silu * up, RoPE, at Llama-3.1-8B and Qwen2.5-Coder-1.5B sizes for 1, 32, 256, 2048 tokens.
   Bandwidth = the bytes the op must read and write (the fused kernel's traffic) / time, set
   against a measured device copy (copy_ of a large tensor, read + write).
-- Attention, when nextok.attention.triton_backend imports: paged decode (batch 32, context 4096)
-  vs TorchRefBackend's gather + SDPA; prefill (4096 tokens, one chunk) vs a naive O(N^2)
+- Attention, when nextok.attention.triton_backend imports: paged decode (batch 32, context 4096;
+  batch 256, context 576: offline throughput's steps) on a bf16, int8 and fp8 cache vs
+  TorchRefBackend's gather + SDPA; prefill (4096 tokens, one chunk) vs a naive O(N^2)
   attention and vs torch SDPA with is_causal.
 Timing on CUDA: per iteration a CUDA event pair, median of --iters after --warmup. The L2 is
 flushed between iterations, and the GPU is held busy (torch.cuda._sleep) while the timed loop is
@@ -204,12 +205,14 @@ def _attention_rows(timer: Timer, dtype, quick: bool,
         from nextok.attention.triton_backend import TritonBackend
     except ImportError as e:
         return [], f"nextok.attention.triton_backend not importable: {e}"
-    # batch, context, q heads, kv heads, head_dim, block size; prefill tokens
-    b, ctx, h, kvh, d, bs = (2, 64, 4, 2, 32, 16) if quick else (32, 4096, 32, 8, 128, 16)
+    # (batch, context), q heads, kv heads, head_dim, block size; prefill tokens
+    decode = [(2, 64)] if quick else [(32, 4096), (256, 576)]
+    h, kvh, d, bs = (4, 2, 32, 16) if quick else (32, 8, 128, 16)
     n = 64 if quick else 4096
     rows = []
-    for op, measure, shape in (("decode", _decode_row, (b, ctx, h, kvh, d, bs)),
-                               ("prefill", _prefill_row, (n, h, kvh, d, bs))):
+    cases = [("decode", _decode_row, (b, ctx, h, kvh, d, bs, kv)) for b, ctx in decode
+             for kv in ("auto", "int8", "fp8")]
+    for op, measure, shape in cases + [("prefill", _prefill_row, (n, h, kvh, d, bs))]:
         try:
             rows.append(measure(timer, TritonBackend(), dtype, copy_gbps, *shape))
         except Exception as e:  # noqa: BLE001  a backend being written must not sink the table
@@ -217,10 +220,12 @@ def _attention_rows(timer: Timer, dtype, quick: bool,
     return rows, None
 
 
-def _decode_row(timer: Timer, backend, dtype, copy_gbps, b, ctx, h, kvh, d, bs) -> dict:
-    """One decode step of `b` sequences, each `ctx` keys long, over shuffled pages."""
+def _decode_row(timer: Timer, backend, dtype, copy_gbps, b, ctx, h, kvh, d, bs, kv="auto") -> dict:
+    """One decode step of `b` sequences, each `ctx` keys long, over shuffled pages of a cache of
+    `kv` (auto: the activations' dtype, int8 or fp8 rows: attention/kv_quant.py)."""
     import torch
 
+    from nextok.attention import kv_quant
     from nextok.attention.base import AttentionMetadata
     from nextok.attention.torch_ref import TorchRefBackend, decode_mask
 
@@ -228,6 +233,8 @@ def _decode_row(timer: Timer, backend, dtype, copy_gbps, b, ctx, h, kvh, d, bs) 
     rand = lambda *s: torch.randn(*s, generator=gen).to(dev, dtype)  # noqa: E731
     per_seq = -(-ctx // bs)
     k_cache, v_cache = rand(b * per_seq + 1, bs, kvh, d), rand(b * per_seq + 1, bs, kvh, d)
+    if kv != "auto":
+        k_cache, v_cache = (kv_quant.quantize_rows(c, kv_quant.DTYPES[kv]) for c in (k_cache, v_cache))
     tables = (torch.randperm(b * per_seq, generator=gen) + 1).view(b, per_seq).to(dev)  # 0: padding
     lens = torch.full((b,), ctx, dtype=torch.int64, device=dev)
     slots = tables[:, (ctx - 1) // bs] * bs + (ctx - 1) % bs
@@ -239,9 +246,11 @@ def _decode_row(timer: Timer, backend, dtype, copy_gbps, b, ctx, h, kvh, d, bs) 
     call = lambda be: be.forward(q, k, v, k_cache, v_cache, meta, d ** -0.5)  # noqa: E731
     diff = (call(backend).float() - call(ref).float()).abs().max().item()
     us, us_ref = timer.time_us(lambda: call(backend)), timer.time_us(lambda: call(ref))
-    nbytes = (2 * b * ctx * kvh * d + 2 * b * h * d) * k_cache.element_size()  # K, V; q, out
+    row_bytes = k_cache.shape[-1] * k_cache.element_size()  # a token's row, its scale included
+    nbytes = 2 * b * ctx * kvh * row_bytes + 2 * b * h * d * q.element_size()  # K, V; q, out
     gbps = nbytes / us / 1e3
-    return {"op": "decode", "shape": f"batch {b}, context {ctx}, {h}/{kvh} heads x {d}, block {bs}",
+    return {"op": "decode", "kv_cache_dtype": kv,
+            "shape": f"batch {b}, context {ctx}, {h}/{kvh} heads x {d}, block {bs}, {kv} cache",
             "bytes": nbytes, "triton_us": us, "triton_gbps": gbps,
             "triton_pct_of_copy": 100 * gbps / copy_gbps,
             "metric": f"{gbps:.0f} GB/s, {100 * gbps / copy_gbps:.0f}% of copy",

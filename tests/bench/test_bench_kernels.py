@@ -38,15 +38,20 @@ def test_quick_cpu_run_writes_the_table_and_json(tmp_path):
         assert r["fused_us"] > 0 and r["torch_us"] > 0 and r["bytes"] > 0
         assert r["max_abs_diff"] < 0.1  # bfloat16: the same roundings as the torch ops
     if result["attention_skipped"] is None:  # the Triton attention backend imports
-        by_op = {r["op"]: r for r in result["attention"]}
-        assert by_op.keys() == {"decode", "prefill"}
+        rows = result["attention"]
+        assert [r["op"] for r in rows] == ["decode"] * 3 + ["prefill"]
+        # the decode step on each cache dtype; a quantized row is read as 1 byte a value
+        assert [r.get("kv_cache_dtype") for r in rows[:3]] == ["auto", "int8", "fp8"]
         baselines = {"decode": {"torch_ref_gather_sdpa"}, "prefill": {"naive", "sdpa_causal"}}
-        for op, r in by_op.items():
+        for r in rows:
             if "error" in r:  # a failing backend is reported in its row, the table still runs
                 assert r.keys() == {"op", "error"} and r["error"] in proc.stdout
                 continue
             assert r["triton_us"] > 0 and r["max_abs_diff"] < 0.1
-            assert r["baselines"].keys() == baselines[op]
+            assert r["baselines"].keys() == baselines[r["op"]]
+        if not any("error" in r for r in rows[:3]):
+            auto, int8, fp8 = (r["bytes"] for r in rows[:3])
+            assert fp8 < int8 < auto  # bf16 rows of D x 2 bytes, int8 D + 4, fp8 D
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
