@@ -35,9 +35,8 @@ LOGIT_ROWS = 17  # the lm_head GEMV's 1..8 rows, and the first sizes past it
 def steps_for(max_batched_tokens: int, max_model_len: int) -> list[tuple[int, int, int]]:
     """STEPS, with those that would not fit this engine's budget or context left out, plus a
     single decode row."""
-    fits = [(d, c, f) for d, c, f in STEPS
+    return [(d, c, f) for d, c, f in ((1, 0, 0),) + STEPS
             if d + c + f <= max_batched_tokens and PREFIX + 3 * d + c <= max_model_len]
-    return [(1, 0, 0)] + fits
 
 
 @torch.inference_mode()
