@@ -47,28 +47,70 @@ class Recorder:
         monkeypatch.setattr(InterpretedFunction, "run", run)
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_serving_launches_only_warmed_kernels(model_path, tmp_path, monkeypatch, kv_cache_dtype):
-    if torch.cuda.is_available():
-        pytest.skip("records launches in Triton's interpreter")
-    from nextok.worker.warmup import warm_up
-
-    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
-    llm = LLM(model=str(tmp_path), load_format="dummy", tokenizer=model_path, dtype="float32",
-              device="cpu", max_num_batched_tokens=24, num_kv_blocks=64, attention_backend="triton",
-              kv_cache_dtype=kv_cache_dtype)
-    rec = Recorder(monkeypatch)
-    warm_up(llm.engine.runner)
-    warmed = set(rec.keys)
-    assert any(k[0] == "_prefill_kernel" for k in warmed) and any(k[0] == "_decode_split_kernel" for k in warmed)
-    rec.keys.clear()
-    # Prompts of 1..41 tokens in a 24-token budget: decode batches of 1..6 rows, chunks that
-    # continue a prefix next to decode rows, and a prefix-cache hit.
+def _serve(llm) -> None:
+    """Prompts of 1..41 tokens in a 24-token budget: decode batches of 1..6 rows, chunks that
+    continue a prefix next to decode rows, and a prefix-cache hit."""
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in (1, 3, 9, 16, 30, 41)]
     prompts.append(prompts[-1][:33] + [5, 6])
     for max_tokens in (2, 9):
         llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+
+
+def _engine(model_path, tmp_path, kv_cache_dtype: str, device: str) -> LLM:
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    return LLM(model=str(tmp_path), load_format="dummy", tokenizer=model_path,
+               dtype="float32" if device == "cpu" else "bfloat16", device=device,
+               max_num_batched_tokens=24, num_kv_blocks=64, attention_backend="triton",
+               kv_cache_dtype=kv_cache_dtype)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_serving_launches_only_warmed_kernels(model_path, tmp_path, monkeypatch, kv_cache_dtype):
+    if torch.cuda.is_available():
+        pytest.skip("records launches in Triton's interpreter (on CUDA: the test below)")
+    from nextok.worker.warmup import warm_up
+
+    llm = _engine(model_path, tmp_path, kv_cache_dtype, "cpu")
+    rec = Recorder(monkeypatch)
+    warm_up(llm.engine.runner)
+    warmed = set(rec.keys)
+    assert any(k[0] == "_prefill_kernel" for k in warmed) and any(k[0] == "_decode_split_kernel" for k in warmed)
+    rec.keys.clear()
+    _serve(llm)
     assert len(rec.splits) > 1  # the steps' split counts differ: one compile serves them all
     missing = rec.keys - warmed
     assert not missing, "launched but not warmed:\n" + "\n".join(map(str, sorted(missing)))
+
+
+def _compiled() -> dict[str, int]:
+    """Kernels compiled so far, per Triton kernel of nextok (JITFunction's per-device caches)."""
+    import importlib
+    import pkgutil
+
+    from triton.runtime.jit import JITFunction
+
+    import nextok.kernels.triton as pkg
+
+    counts = {}
+    for info in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+        for name, fn in vars(mod).items():
+            if isinstance(fn, JITFunction):
+                counts[f"{info.name}.{name}"] = sum(len(c[0]) for c in fn.device_caches.values())
+    return counts
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="counts the GPU compiler's kernels")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_serving_compiles_nothing_after_start_on_cuda(model_path, tmp_path, kv_cache_dtype):
+    """On CUDA the engine warms up by itself (ModelRunner.allocate_kv_cache): serving then adds
+    no compiled kernel, the fused ops' and the linears' included."""
+    if kv_cache_dtype == "fp8" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 caches take the Triton kernels from compute capability 8.9")
+    llm = _engine(model_path, tmp_path, kv_cache_dtype, "cuda")
+    before = _compiled()
+    _serve(llm)
+    after = _compiled()
+    grew = {k: (before.get(k, 0), v) for k, v in after.items() if v != before.get(k, 0)}
+    assert not grew, f"compiled while serving (kernel: before, after): {grew}"
