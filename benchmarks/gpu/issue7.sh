@@ -5,6 +5,10 @@
 #                                           PROFILE=1: first a profile of int4 steps by kernel
 #   bash benchmarks/gpu/issue7.sh gguf      the Triton GGUF block kernel: its tests on CUDA, then its tiles
 #                                           at the 8B layer shapes per type against bf16 (gguf_probe.py)
+#   bash benchmarks/gpu/issue7.sh tests     CUDA tests of the attention kernels, the Triton engine and its
+#                                           start-up warm-up (TESTS: other files)
+#   bash benchmarks/gpu/issue7.sh lat256    the batch-256 step (512 in, 64 out, 8192-token chunks) per
+#                                           LAT_RUNS variant (bf16 fp8 fp8kv): prefill and decode step
 #   bash benchmarks/gpu/issue7.sh kernels   nextok bench kernels: the fused ops, paged decode on bf16 / int8 /
 #                                           fp8 caches (batch 32 x 4096, 256 x 576) and prefill
 #   bash benchmarks/gpu/issue7.sh fp8-kv    offline throughput 1000 x 512 -> 256, bf16 vs fp8 (and fp8
@@ -72,6 +76,22 @@ gguf)
     timeout ${T_PROBE:-300} python3 benchmarks/gpu/gguf_probe.py "$OUT/gguf-probe.json" \
         ${PROBE_SHAPES:-6144x4096,4096x4096,28672x4096,4096x14336} ${PROBE_TYPES:-2,12,6,14,8} 2>&1 | grep -v "^  " | tail -45
     ;;
+tests)
+    step "CUDA tests: ${TESTS:=tests/kernels/test_triton_attention.py tests/e2e/test_triton_engine.py tests/e2e/test_warmup_kernels.py}"
+    run_for ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider $TESTS 2>&1 | tail -15 | tee "$OUT/cuda-tests.txt"
+    ;;
+lat256)
+    for q in ${LAT_RUNS:-bf16 fp8 fp8kv}; do
+        extra=""
+        [ $q = fp8 ] && extra="--quantization fp8"
+        [ $q = fp8kv ] && extra="--quantization fp8 --kv-cache-dtype fp8"
+        step "batch-256 step, 8B, $q"
+        run_for ${T_LAT:-100} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes 256 \
+            --input-len 512 --output-len 64 --repeats 1 --max-num-batched-tokens 8192 \
+            --kv-cache-memory-fraction ${KV_FRAC:-0.35} $extra --output "$OUT/latency-b256-$q.json" 2>&1 \
+            | grep -v Warning | tail -3
+    done
+    ;;
 kernels)
     step "bench kernels (fused ops, paged attention per KV cache dtype)"
     run_for ${T_KERNELS:-150} python3 -m nextok bench kernels --output "$OUT/kernels.json" 2>&1 \
@@ -100,7 +120,7 @@ fp8-kv)
     done
     ;;
 *)
-    echo "usage: $0 w4a16|gguf|kernels|fp8-kv" >&2
+    echo "usage: $0 w4a16|gguf|tests|lat256|kernels|fp8-kv" >&2
     exit 2
     ;;
 esac
