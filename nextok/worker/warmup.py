@@ -11,16 +11,13 @@ had left in Triton's disk cache (2026-12-05); a user's request would have waited
 The kernels take what changes from step to step (split counts, block-table widths) as values
 Triton does not specialize on (kernels/triton/attention.py), so what is left to compile is a
 handful of shapes: `warm_up` runs eager steps of a few sizes and mixes through the model, on
-block 0 of the pool (reserved: no sequence owns it), then the lm_head on 1..MAX_ROWS + 1 rows.
+block 0 of the pool (reserved: no sequence owns it), then the lm_head on 1..LOGIT_ROWS rows.
 """
 from __future__ import annotations
 
-import logging
 import time
 
 import torch
-
-log = logging.getLogger("nextok")
 
 # (decode rows, tokens of a chunk that continues a cached prefix, tokens of a fresh chunk).
 # Their totals (2, 3, 5, 8, 9, 12, 16, 17, 24, 32, 48) cover 1..8-row kernels, the
