@@ -4,8 +4,8 @@
 
 For each shape y = x @ W.T (N x K, groups of 128) and 1, 4 and 8 rows: bf16 through cuBLAS
 (F.linear) and through nextok's Triton GEMV, and the W4A16 kernel: the dp4a kernel at every
-tile of a grid for 1, 4 and 8 rows (all rows in one program), and for 8 rows the tl.dot
-kernel's tuned tile beside it.
+tile of a grid for 1, 4 and 8 rows (all rows in one program; one row also as a stream on 1-4
+programs an SM), and for 8 rows the tl.dot kernel's tuned tile beside it.
 Weights rotate over copies larger than the 50 MB L2, as each layer's do in a real step, and
 each variant is timed as a CUDA graph of 24 calls (a Python launch costs more than a 4-bit
 o_proj reads). Writes every timing to OUT.json and the fastest tile per shape and row class to
@@ -44,6 +44,11 @@ ROW_COUNTS = [int(r) for r in os.environ.get("PROBE_ROWS", "1,4,8").split(",")] 
 # TW 32 only, the best at every 8B shape on both cards (2026-12-05).
 DP4A = [dict(BLOCK_N=bn, TW=32, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1, DEPTH=dp, XAHEAD=xa)
         for bn, nw, sp, dp, xa in itertools.product((64, 128), (4, 8), (2, 4, 8, 16), (1, 2), (0, 1))]
+# and one row as a stream (_w4a16_stream_kernel) on 1-4 programs an SM (PROBE_STREAM=0: not)
+SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+if os.environ.get("PROBE_STREAM", "1") != "0":
+    DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=nw, num_stages=3, SPLIT=1, BLOCK_M=1, DEPTH=1, XAHEAD=0,
+                  STREAM=per_sm * SMS) for bn, nw, per_sm in itertools.product((64, 128), (4, 8), (1, 2, 3, 4))]
 # 4 and 8 rows: all rows in one program
 ROWS = {rows: [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=rows, DEPTH=1, XAHEAD=xa)
                for bn, tw, nw, sp, xa in itertools.product((32, 64), (16, 32), (4, 8), (2, 4, 8), (0, 1))]
@@ -113,7 +118,8 @@ def main() -> int:
                 sweep.append(dict(cfg or {}, us=us, max_diff=err))
             best = min(sweep, key=lambda s: s["us"])
             # the best tile on the words in the other order: what the layout is worth
-            tiles.set_config({key: best[key] for key in grid[0]})
+            tile = {key: v for key, v in best.items() if key not in ("us", "max_diff")}
+            tiles.set_config(tile)
             r["other_layout"] = {"layout": other, "us": graph_us(
                 lambda i: w4.w4a16(x, *packed_other[i], layout=other), copies)}
             tiles.set_config(None)
@@ -122,7 +128,7 @@ def main() -> int:
             r["w4a16_tbps"] = packed_bytes / best["us"] / 1e6
             r["bf16_tbps"] = n * k * 2 / min(r["bf16_cublas_us"], r["bf16_gemv_us"]) / 1e6
             rows.append(r)
-            table.setdefault(f"{n}x{k}", {})[str(mrows)] = {key: best[key] for key in DP4A[0]}
+            table.setdefault(f"{n}x{k}", {})[str(mrows)] = tile
             if mrows == 8:  # the tl.dot kernel's tile from the repo's table, beside it
                 tiles.DP4A_ROWS = 4
                 r["dot_us"] = graph_us(lambda i: w4.w4a16(x, *packed[i], layout=LAYOUT), copies)

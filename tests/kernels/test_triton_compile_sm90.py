@@ -125,6 +125,10 @@ def _specs() -> list:
                       w4, dict(WPG=16, GT=gt, SPLIT=split, HAS_BIAS=True, SILU_MUL=silu, BLOCK_M=block_m,
                                BLOCK_N=128 // block_m, PDL=True, INTERPRET=False, KW_INTERPRET=0,
                                LN=ln, LW=16 if ln else 1, DEPTH=depth, XAHEAD=xahead)))
+    for silu in (False, True):
+        specs.append((f"w4a16 dp4a stream silu_mul={silu}", ("w4a16", "_w4a16_stream_kernel"), w4,
+                      dict(WPG=16, GT=2, HAS_BIAS=True, SILU_MUL=silu, BLOCK_N=128, PDL=True,
+                           INTERPRET=False, LN=64, LW=16)))
     return specs
 
 

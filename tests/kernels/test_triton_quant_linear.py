@@ -176,6 +176,8 @@ def test_committed_tile_tables_are_well_formed():
                 if cls != "16":
                     assert tile["BLOCK_M"] == int(cls) and tile["SPLIT"] in (1, 2, 4, 8, 16), (path, shape)
                     assert tile.get("DEPTH", 1) in (1, 2) and tile.get("XAHEAD", 0) in (0, 1), (path, shape)
+                    assert cls == "1" or "STREAM" not in tile, (path, shape)  # one row only
+                    assert isinstance(tile.get("STREAM", 0), int) and tile.get("STREAM", 0) >= 0, (path, shape)
 
 
 @pytest.mark.parametrize("ahead", [dict(DEPTH=2), dict(XAHEAD=1), dict(DEPTH=2, XAHEAD=1)], ids=str)
@@ -198,6 +200,40 @@ def test_w4a16_loading_tiles_ahead_gives_the_same_products(monkeypatch, rows, ah
     assert torch.equal(w4a16(x, words, d, m, b), want)
     assert torch.equal(w4a16(x, tiled, d, m, b, layout=TILES), want)
     assert torch.equal(w4a16(gate_up, tiled, d, m, b, silu_mul=True, layout=TILES), want_silu)
+
+
+@pytest.mark.parametrize("programs", [1, 3, 7, 40])
+def test_w4a16_stream_gives_the_split_grids_products(monkeypatch, programs):
+    """One row as a stream (STREAM programs, each a run of (row tile, K tile) steps; runs that
+    end inside a row tile leave partial sums the tile's last program adds in run order): the
+    split grid's products, on tiled and row-major words, with bias and with silu(gate) * up.
+    One program adds every tile in K order as one split does: bit for bit."""
+    from nextok.kernels.triton import w4a16 as kernel
+    from nextok.kernels.triton import w4a16_tiles
+
+    n, k, group = SHAPES[0]
+    w, x, b = _data(torch.bfloat16, n, k, 1)
+    gate_up = torch.randn(1, 2 * k, generator=torch.Generator().manual_seed(9)).to(DEVICE, torch.bfloat16)
+    q, d, m = quantize_groups(w, group)
+    words, d, m = pack_words(q).to(DEVICE), d.to(DEVICE), m.to(DEVICE)
+    tiled = words4.tile_words(words, TILES)
+    one = dict(SPLIT=1, DEPTH=1, XAHEAD=0)
+    config = w4a16_tiles.config
+    split_one = lambda *a: (lambda dot, cfg: (dot, dict(cfg, **one)))(*config(*a))  # noqa: E731
+    monkeypatch.setattr(w4a16_tiles, "config", split_one)
+    want = [w4a16(x, words, d, m, b), w4a16(x, tiled, d, m, None, layout=TILES),
+            w4a16(gate_up, tiled, d, m, b, silu_mul=True, layout=TILES)]
+    streams, original = [], kernel._stream
+    monkeypatch.setattr(kernel, "_stream", lambda *a: (streams.append(1), original(*a))[1])
+    monkeypatch.setattr(w4a16_tiles, "config", lambda *a: (lambda dot, cfg: (dot, dict(cfg, STREAM=programs)))(*split_one(*a)))
+    got = [w4a16(x, words, d, m, b), w4a16(x, tiled, d, m, None, layout=TILES),
+           w4a16(gate_up, tiled, d, m, b, silu_mul=True, layout=TILES)]
+    assert len(streams) == 3
+    for g, e in zip(got, want):
+        if programs == 1:
+            assert torch.equal(g, e)
+        else:
+            _close(g, e)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -2,7 +2,9 @@
 
 Tuned tiles per GPU: {"<N>x<K>": {row class: tile}} (tile: BLOCK_N, TW words per row per tile,
 num_warps, num_stages, and for dp4a SPLIT, BLOCK_M, DEPTH, how many tiles of W ahead it loads
-(1 if absent), and XAHEAD, whether x's tiles are loaded one ahead too (0 if absent); row
+(1 if absent), and XAHEAD, whether x's tiles are loaded one ahead too (0 if absent); one row
+may instead take STREAM programs of _w4a16_stream_kernel, each a run of the (row tile, K tile)
+steps (0 or absent: the split-K grid); row
 classes: _row_class), written by benchmarks/gpu/w4a16_probe.py to configs/w4a16_<gpu>.json.
 NEXTOK_W4A16_CONFIGS names another table; a GPU without one takes DEFAULT_TILES.
 """
@@ -68,6 +70,8 @@ def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
     extra = dict(BLOCK_M=16) if dot else dict(
         SPLIT=tile.get("SPLIT", 1), BLOCK_M=min(tile.get("BLOCK_M", 1), triton.next_power_of_2(m)),
         DEPTH=tile.get("DEPTH", 1), XAHEAD=tile.get("XAHEAD", 0))
+    if not dot and m == 1 and tile.get("STREAM"):
+        extra["STREAM"] = tile["STREAM"]
     return dict(BLOCK_N=tile["BLOCK_N"], GT=max(1, tile["TW"] // wpg), num_warps=tile["num_warps"],
                 num_stages=tile["num_stages"], **extra)
 
