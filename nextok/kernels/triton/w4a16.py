@@ -336,53 +336,66 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, cou
     # the step as (row tile, first word), carried from step to step: no division in the loop
     r = it_lo // T
     kw0 = (it_lo - r * T) * TW
+    # the next step's words, scales (constants: before the PDL wait) and x, loaded a step ahead
     w_next = _stream_w(w_tile, wword, lane, r, kw0, it_lo < it_hi, N, KW, BLOCK_N, LN)
+    sc_next = _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, BLOCK_N, WPG, GT)
     pdl_wait(PDL)
+    x_next = _x_tile(x_rows, kw0 + xword, True, 0, KW, KW, SILU_MUL)
     acc = tl.zeros([1, BLOCK_N, GT], dtype=tl.float32)
     # (the interpreter cannot loop between runtime bounds: a while loop there, as in
     # attention.py; compiled code keeps the for loop)
     if INTERPRET:
         it = it_lo
         while it < it_hi:
-            acc, w_next, r, kw0 = _stream_step(
-                acc, w_next, r, kw0, it + 1 < it_hi, T, total, P, pid, w_tile, wword, lane, x_rows,
+            acc, w_next, sc_next, x_next, r, kw0 = _stream_step(
+                acc, w_next, sc_next, x_next, r, kw0, it + 1 < it_hi, T, total, P, pid, w_tile, wword, lane, x_rows,
                 xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G, WPG, GT,
                 HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN)
             it += 1
     else:
         for it in range(it_lo, it_hi):
-            acc, w_next, r, kw0 = _stream_step(
-                acc, w_next, r, kw0, it + 1 < it_hi, T, total, P, pid, w_tile, wword, lane, x_rows,
+            acc, w_next, sc_next, x_next, r, kw0 = _stream_step(
+                acc, w_next, sc_next, x_next, r, kw0, it + 1 < it_hi, T, total, P, pid, w_tile, wword, lane, x_rows,
                 xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G, WPG, GT,
                 HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN)
 
 
 @triton.jit
-def _stream_step(acc, w_next, r, kw0, more, T, total, P, pid, w_tile, wword, lane, x_rows, xword,
-                 x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G,
+def _stream_step(acc, w_next, sc_next, x_next, r, kw0, more, T, total, P, pid, w_tile, wword, lane,
+                 x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G,
                  WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
                  SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
                  LN: tl.constexpr):
-    # The step at (row tile r, word kw0): its products, the next step's words loaded meanwhile
-    # (none if not `more`); at the row tile's last K tile or the run's last step the sums
-    # leave (_stream_flush). -> (acc, next words, next r, next kw0)
+    # The step at (row tile r, word kw0): its products from what the last step loaded, the
+    # next step's words, scales and x loaded meanwhile (W's not past the run: `more`); at the
+    # row tile's last K tile or the run's last step the sums leave (_stream_flush).
+    # -> (acc, the next step's words, scales and x, its r and kw0)
     TW: tl.constexpr = GT * WPG
     last_k = kw0 + TW >= KW
     r_next = tl.where(last_k, r + 1, r)
     kw_next = tl.where(last_k, 0, kw0 + TW)
     w = w_next
+    d, mn = sc_next
+    x, up = x_next
     w_next = _stream_w(w_tile, wword, lane, r_next, kw_next, more, N, KW, BLOCK_N, LN)
-    x, up = _x_tile(x_rows, kw0 + xword, True, 0, KW, KW, SILU_MUL)
-    # the row tile's scales as an offset of the first's: lane * G stays out of the loop
-    d, mn = _scales(d_ptr + r * BLOCK_N * G, m_ptr + r * BLOCK_N * G, lane, lane < N - r * BLOCK_N,
-                    kw0, 0, KW, G, WPG, GT)
+    sc_next = _stream_scales(d_ptr, m_ptr, lane, r_next, kw_next, N, KW, G, BLOCK_N, WPG, GT)
+    x_next = _x_tile(x_rows, kw_next + xword, True, 0, KW, KW, SILU_MUL)
     acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, 1, BLOCK_N, GT,
                          WPG, INTERPRET)
     if last_k | (not more):
         _stream_flush(tl.sum(acc, axis=2), r, r * BLOCK_N + lane, T, total, P, pid, b_ptr, y_ptr,
                       part_ptr, count_ptr, N, HAS_BIAS)
         acc = tl.zeros_like(acc)
-    return acc, w_next, r_next, kw_next
+    return acc, w_next, sc_next, x_next, r_next, kw_next
+
+
+@triton.jit
+def _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, BLOCK_N: tl.constexpr, WPG: tl.constexpr,
+                   GT: tl.constexpr):
+    # (d, m) of row tile r's groups from word kw0, [1, BLOCK_N, GT]: the first tile's pointers
+    # and an offset, so lane * G stays out of the loop (past the last row tile: masked)
+    off = r * BLOCK_N * G
+    return _scales(d_ptr + off, m_ptr + off, lane, lane < N - r * BLOCK_N, kw0, 0, KW, G, WPG, GT)
 
 
 @triton.jit
