@@ -25,8 +25,10 @@ import json, sys
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from nextok.kernels.triton import attention, fp8_quant, fused, gemv, gguf_linear, int4_words, quant_linear, w4a16
+from nextok.kernels.triton import w4a16_stream
 MODULES = {"attention": attention, "fp8_quant": fp8_quant, "fused": fused, "gemv": gemv,
-           "gguf_linear": gguf_linear, "int4_words": int4_words, "quant_linear": quant_linear, "w4a16": w4a16}
+           "gguf_linear": gguf_linear, "int4_words": int4_words, "quant_linear": quant_linear, "w4a16": w4a16,
+           "w4a16_stream": w4a16_stream}
 
 def build(fn, types, const):
     sig = {n: ("constexpr" if n in const else types.get(n, "i32")) for n in fn.arg_names}
@@ -126,7 +128,7 @@ def _specs() -> list:
                                BLOCK_N=128 // block_m, PDL=True, INTERPRET=False, KW_INTERPRET=0,
                                LN=ln, LW=16 if ln else 1, DEPTH=depth, XAHEAD=xahead)))
     for silu in (False, True):
-        specs.append((f"w4a16 dp4a stream silu_mul={silu}", ("w4a16", "_w4a16_stream_kernel"), w4,
+        specs.append((f"w4a16 dp4a stream silu_mul={silu}", ("w4a16_stream", "_w4a16_stream_kernel"), w4,
                       dict(WPG=16, GT=2, HAS_BIAS=True, SILU_MUL=silu, BLOCK_N=128, PDL=True,
                            INTERPRET=False, LN=64, LW=16)))
     return specs

@@ -208,8 +208,7 @@ def test_w4a16_stream_gives_the_split_grids_products(monkeypatch, programs):
     end inside a row tile leave partial sums the tile's last program adds in run order): the
     split grid's products, on tiled and row-major words, with bias and with silu(gate) * up.
     One program adds every tile in K order as one split does: bit for bit."""
-    from nextok.kernels.triton import w4a16 as kernel
-    from nextok.kernels.triton import w4a16_tiles
+    from nextok.kernels.triton import w4a16_stream, w4a16_tiles
 
     n, k, group = SHAPES[0]
     w, x, b = _data(torch.bfloat16, n, k, 1)
@@ -223,8 +222,8 @@ def test_w4a16_stream_gives_the_split_grids_products(monkeypatch, programs):
     monkeypatch.setattr(w4a16_tiles, "config", split_one)
     want = [w4a16(x, words, d, m, b), w4a16(x, tiled, d, m, None, layout=TILES),
             w4a16(gate_up, tiled, d, m, b, silu_mul=True, layout=TILES)]
-    streams, original = [], kernel._stream
-    monkeypatch.setattr(kernel, "_stream", lambda *a: (streams.append(1), original(*a))[1])
+    streams, original = [], w4a16_stream.stream
+    monkeypatch.setattr(w4a16_stream, "stream", lambda *a: (streams.append(1), original(*a))[1])
     monkeypatch.setattr(w4a16_tiles, "config", lambda *a: (lambda dot, cfg: (dot, dict(cfg, STREAM=programs)))(*split_one(*a)))
     got = [w4a16(x, words, d, m, b), w4a16(x, tiled, d, m, None, layout=TILES),
            w4a16(gate_up, tiled, d, m, b, silu_mul=True, layout=TILES)]
