@@ -1,4 +1,4 @@
-"""Triton attention over the paged KV pool (kernels/triton/attention.py), on CUDA or in Triton's
+"""Triton attention over the paged KV pool (kernels/triton/attention*.py), on CUDA or in Triton's
 interpreter. Same semantics as TorchRefBackend, read from the same cache layout.
 
 Per layer call: one KV-store launch (none on CUDA, where the fused RoPE kernel stores k and v);
@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from nextok.attention.base import AttentionBackend, AttentionMetadata
-from nextok.kernels.triton.attention import paged_decode, paged_prefill, store_kv
+from nextok.kernels.triton.attention import paged_decode, store_kv
+from nextok.kernels.triton.attention_prefill import paged_prefill
 
 
 class TritonBackend(AttentionBackend):

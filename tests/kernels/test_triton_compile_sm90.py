@@ -25,8 +25,8 @@ import json, sys
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from nextok.kernels.triton import attention, fp8_quant, fused, gemv, gguf_linear, int4_words, quant_linear, w4a16
-from nextok.kernels.triton import w4a16_stream
-MODULES = {"attention": attention, "fp8_quant": fp8_quant, "fused": fused, "gemv": gemv,
+from nextok.kernels.triton import attention_prefill, w4a16_stream
+MODULES = {"attention": attention, "attention_prefill": attention_prefill, "fp8_quant": fp8_quant, "fused": fused, "gemv": gemv,
            "gguf_linear": gguf_linear, "int4_words": int4_words, "quant_linear": quant_linear, "w4a16": w4a16,
            "w4a16_stream": w4a16_stream}
 
@@ -72,7 +72,7 @@ def _specs() -> list:
             (f"decode quant={quant}", ("attention", "_decode_split_kernel"), types,
              dict(G=4, D=128, PAGE=16, HAS_WINDOW=False, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
                   QUANT=quant, INTERPRET=False, PDL=True)),
-            (f"prefill quant={quant}", ("attention", "_prefill_kernel"), types,
+            (f"prefill quant={quant}", ("attention_prefill", "_prefill_kernel"), types,
              dict(G=4, D=128, PAGE=16, HAS_WINDOW=True, BLOCK_M=64, BLOCK_D=128, BLOCK_N=64, QUANT=quant,
                   INTERPRET=False)),
             (f"store quant={quant}", ("attention", "_store_kv_kernel"), types,
