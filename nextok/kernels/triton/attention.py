@@ -203,7 +203,7 @@ def _attend_range(q, acc, m_i, l_i, start, end, pos_q, window, k_base, v_base, k
 # Runtime values that change from step to step (a step's split count and block-table width)
 # are not specialized on: each value of a constexpr, and each integer argument that is 1 or a
 # multiple of 16, would be another compile of ~1-2 s, paid in the middle of serving the first
-# step that meets it (kernels/warmup.py compiles what serving launches, once, at start).
+# step that meets it (worker/warmup.py compiles what serving launches, once, at start).
 @triton.jit(do_not_specialize=["num_splits", "s_bt"])
 def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr, out_ptr, mid_o_ptr,
                          mid_lse_ptr, qk_scale, window, num_splits,
