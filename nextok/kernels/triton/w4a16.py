@@ -255,10 +255,11 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
         w_after = _w_tile(w_tile, wword, kw_start + TW, n_ok4, kw_lo, kw_hi, LN)
     # XAHEAD: x's tile (and up's) is loaded one tile ahead as well, after the wait (an earlier
     # kernel writes x), and so are the scales d, m (constants: the first before the wait); else
-    # each tile's x-prep waits a full L2 round trip for its x. Why it may matter: the H200's
-    # gate_up at one row takes 24.4 us, the sum of its ~9.9 us of issue (22.5 instructions a
-    # word) and 14.7 us of DRAM at the copy bandwidth, as if the two never overlapped. (Swept by
-    # w4a16_probe.py; not yet timed.)
+    # each tile's x-prep waits a full L2 round trip for its x. Why: the H200's gate_up at one row
+    # took 24.4 us, the sum of its ~9.9 us of issue (22.5 instructions a word) and 14.7 us of
+    # DRAM at the copy bandwidth, as if the two never overlapped. Swept on an H200 (2026-12-05
+    # night): every one-row 8B shape's best tile takes it; with DEPTH 2 where that pays, a
+    # layer's four matmuls 50.7 -> 48.3 us.
     x_rows = x_ptr + xrow * s_xm + col
     if XAHEAD:
         d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw_start, kw_lo, kw_hi, G, WPG, GT)
@@ -273,14 +274,11 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
         else:
             w_next = _w_tile(w_tile, wword, kw0 + TW, n_ok4, kw_lo, kw_hi, LN)
         if XAHEAD:
-            x, up = x_next, up_next
+            x, up, d, mn = x_next, up_next, d_next, mn_next
             x_next, up_next = _x_tile(x_rows, kw0 + TW + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
-        else:
-            x, up = _x_tile(x_rows, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
-        if XAHEAD:
-            d, mn = d_next, mn_next
             d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw0 + TW, kw_lo, kw_hi, G, WPG, GT)
         else:
+            x, up = _x_tile(x_rows, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
             d, mn = _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG, GT)
         acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, BLOCK_M,
                              BLOCK_N, GT, WPG, INTERPRET)
@@ -370,7 +368,7 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
         common = dict(WPG=group // 8, HAS_BIAS=bias is not None, PDL=use_pdl, INTERPRET=INTERPRETED,
                       KW_INTERPRET=kw if INTERPRETED else 0, launch_pdl=use_pdl,
                       **layout_args(layout), **{k: v for k, v in cfg.items() if k != "STREAM"})
-        if not dot and cfg.get("STREAM") and rows == 1:
+        if not dot and cfg.get("STREAM"):  # one row only (w4a16_tiles._tile)
             from nextok.kernels.triton.w4a16_stream import stream
 
             stream(x, words, d, m, bias, y, silu_mul, layout, use_pdl, cfg)

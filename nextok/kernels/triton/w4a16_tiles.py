@@ -3,10 +3,10 @@
 Tuned tiles per GPU: {"<N>x<K>": {row class: tile}} (tile: BLOCK_N, TW words per row per tile,
 num_warps, num_stages, and for dp4a SPLIT, BLOCK_M, DEPTH, how many tiles of W ahead it loads
 (1 if absent), and XAHEAD, whether x's tiles are loaded one ahead too (0 if absent); one row
-may instead take STREAM programs of _w4a16_stream_kernel, each a run of the (row tile, K tile)
-steps (0 or absent: the split-K grid); row
-classes: _row_class), written by benchmarks/gpu/w4a16_probe.py to configs/w4a16_<gpu>.json.
-NEXTOK_W4A16_CONFIGS names another table; a GPU without one takes DEFAULT_TILES.
+may instead take STREAM programs of w4a16_stream.py's kernel, each a run of the (row tile,
+K tile) steps (0 or absent: the split-K grid); row classes: _row_class), written by
+benchmarks/gpu/w4a16_probe.py to configs/w4a16_<gpu>.json. NEXTOK_W4A16_CONFIGS names another
+table; a GPU without one takes DEFAULT_TILES.
 """
 from __future__ import annotations
 
