@@ -22,6 +22,14 @@ def model_path() -> str:
     return hub.resolve_model(None)
 
 
+@pytest.fixture(scope="session")
+def tokenizer_path(request) -> str:
+    """A tokenizer for the random-weight models: NEXTOK_TEST_TOKENIZER, a directory the tokenizer
+    saved (the GPU machine has one, not the GGUF: benchmarks/gpu/make_carry.sh), else the
+    default model's."""
+    return os.environ.get("NEXTOK_TEST_TOKENIZER") or request.getfixturevalue("model_path")
+
+
 _ENGINES: "collections.OrderedDict" = collections.OrderedDict()
 # Engines kept alive at once: each holds ~1 GB (float32 weights, blocks, a KV pool; a draft pool
 # more), and the suite asks for ~30 configurations; all of them together ran CI's 24 GiB out.

@@ -78,7 +78,10 @@ gguf)
     ;;
 tests)
     step "CUDA tests: ${TESTS:=tests/kernels/test_triton_attention.py tests/e2e/test_triton_engine.py tests/e2e/test_warmup_kernels.py}"
-    run_for ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider $TESTS 2>&1 | tail -15 | tee "$OUT/cuda-tests.txt"
+    # the e2e tests' random-weight models take the carried tokenizer (the GGUF does not travel)
+    NEXTOK_TEST_TOKENIZER=$PWD/$TOK run_for ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider \
+        --tb=short -rfE $TESTS > "$OUT/cuda-tests.txt" 2>&1
+    grep -E "^(E |FAILED|ERROR|[0-9]+ (passed|failed))|Error" "$OUT/cuda-tests.txt" | tail -40
     ;;
 lat256)
     for q in ${LAT_RUNS:-bf16 fp8 fp8kv}; do

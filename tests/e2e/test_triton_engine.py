@@ -19,11 +19,11 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediat
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory, model_path):
+def engines(tmp_path_factory, tokenizer_path):
     d = tmp_path_factory.mktemp("tiny")
     (d / "config.json").write_text(json.dumps(CONFIG))
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    common = dict(model=str(d), load_format="dummy", tokenizer=model_path, dtype="float32",
+    common = dict(model=str(d), load_format="dummy", tokenizer=tokenizer_path, dtype="float32",
                   device=device, max_num_batched_tokens=24, num_kv_blocks=64)
     return LLM(attention_backend="triton", **common), LLM(attention_backend="torch", **common)
 
@@ -68,14 +68,14 @@ def test_fused_rope_and_kv_store_keep_the_tokens(engines):
 
 
 @pytest.mark.parametrize("kind,dtype", [("int8", torch.int8), ("fp8", torch.float8_e4m3fn)])
-def test_quantized_kv_cache_engine(model_path, tmp_path, kind, dtype):
+def test_quantized_kv_cache_engine(tokenizer_path, tmp_path, kind, dtype):
     """--kv-cache-dtype int8 / fp8 through the Triton kernels gives the torch backend's tokens.
     (Fresh prompts go to SDPA on the step's own float k and v in the Triton backend, and read
     back the quantized rows in the torch one: the same tokens here, not the same bits.) fp8 runs
     with Triton's fused ops, as on CUDA: the RoPE kernel stores the e4m3 rows."""
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    common = dict(model=str(tmp_path), load_format="dummy", tokenizer=model_path, dtype="float32",
+    common = dict(model=str(tmp_path), load_format="dummy", tokenizer=tokenizer_path, dtype="float32",
                   device=device, max_num_batched_tokens=24, num_kv_blocks=64, kv_cache_dtype=kind)
     tri, ref = LLM(attention_backend="triton", **common), LLM(attention_backend="torch", **common)
     assert tri.engine.runner.backend.name == "triton"
@@ -92,12 +92,12 @@ def test_quantized_kv_cache_engine(model_path, tmp_path, kind, dtype):
             == [o.outputs[0].token_ids for o in ref.generate(prompts, params)])
 
 
-def test_verify_steps_in_the_triton_decode_kernels(engines, model_path):
+def test_verify_steps_in_the_triton_decode_kernels(engines, tokenizer_path):
     """ngram speculation on the Triton backend: a verify step's rows run as decode queries (each
     row attends to the positions up to its own), and greedy output equals the plain engine's."""
     triton_llm, _ = engines
     cfg = triton_llm.engine.config
-    spec_llm = LLM(model=cfg.model_path, load_format="dummy", tokenizer=model_path, dtype="float32",
+    spec_llm = LLM(model=cfg.model_path, load_format="dummy", tokenizer=tokenizer_path, dtype="float32",
                    device=triton_llm.engine.runner.device.type, max_num_batched_tokens=24,
                    num_kv_blocks=64, attention_backend="triton", speculative="ngram",
                    num_speculative_tokens=3)

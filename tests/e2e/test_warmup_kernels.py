@@ -57,21 +57,21 @@ def _serve(llm) -> None:
         llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
 
 
-def _engine(model_path, tmp_path, kv_cache_dtype: str, device: str) -> LLM:
+def _engine(tokenizer_path, tmp_path, kv_cache_dtype: str, device: str) -> LLM:
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
-    return LLM(model=str(tmp_path), load_format="dummy", tokenizer=model_path,
+    return LLM(model=str(tmp_path), load_format="dummy", tokenizer=tokenizer_path,
                dtype="float32" if device == "cpu" else "bfloat16", device=device,
                max_num_batched_tokens=24, num_kv_blocks=64, attention_backend="triton",
                kv_cache_dtype=kv_cache_dtype)
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_serving_launches_only_warmed_kernels(model_path, tmp_path, monkeypatch, kv_cache_dtype):
+def test_serving_launches_only_warmed_kernels(tokenizer_path, tmp_path, monkeypatch, kv_cache_dtype):
     if torch.cuda.is_available():
         pytest.skip("records launches in Triton's interpreter (on CUDA: the test below)")
     from nextok.worker.warmup import warm_up
 
-    llm = _engine(model_path, tmp_path, kv_cache_dtype, "cpu")
+    llm = _engine(tokenizer_path, tmp_path, kv_cache_dtype, "cpu")
     rec = Recorder(monkeypatch)
     warm_up(llm.engine.runner)
     warmed = set(rec.keys)
@@ -103,12 +103,12 @@ def _compiled() -> dict[str, int]:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="counts the GPU compiler's kernels")
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_serving_compiles_nothing_after_start_on_cuda(model_path, tmp_path, kv_cache_dtype):
+def test_serving_compiles_nothing_after_start_on_cuda(tokenizer_path, tmp_path, kv_cache_dtype):
     """On CUDA the engine warms up by itself (ModelRunner.allocate_kv_cache): serving then adds
     no compiled kernel, the fused ops' and the linears' included."""
     if kv_cache_dtype == "fp8" and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 caches take the Triton kernels from compute capability 8.9")
-    llm = _engine(model_path, tmp_path, kv_cache_dtype, "cuda")
+    llm = _engine(tokenizer_path, tmp_path, kv_cache_dtype, "cuda")
     before = _compiled()
     _serve(llm)
     after = _compiled()

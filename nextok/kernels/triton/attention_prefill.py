@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nextok.kernels.triton.attention import INTERPRETED, LOG2E, _attend_range, _fp8_query, _scale_views
+from nextok.kernels.triton.attention import INTERPRETED, LOG2E, _attend_range, _fp8_query, _head_stride, _scale_views
 
 
 @triton.jit(do_not_specialize=["s_bt"])
@@ -49,6 +49,7 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, out_ptr, info_ptr, bt
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    s_ch = _head_stride(s_ch, QUANT)
     k_base, v_base, bt_row = kc_ptr + kvh * s_ch, vc_ptr + kvh * s_ch, bt_ptr + c * s_bt
     ks_base, vs_base = ks_ptr + kvh * (s_ch // 4), vs_ptr + kvh * (s_ch // 4)
     mid = lo  # keys [lo, mid): whole tiles every row of this tile sees (causal, no window)
