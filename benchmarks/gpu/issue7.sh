@@ -9,6 +9,7 @@
 #                                           start-up warm-up (TESTS: other files)
 #   bash benchmarks/gpu/issue7.sh lat256    the batch-256 step (512 in, 64 out, 8192-token chunks) per
 #                                           LAT_RUNS variant (bf16 fp8 fp8kv): prefill and decode step
+#   bash benchmarks/gpu/issue7.sh decode    the paged decode kernel's tiles per KV cache dtype (decode_probe.py)
 #   bash benchmarks/gpu/issue7.sh kernels   nextok bench kernels: the fused ops, paged decode on bf16 / int8 /
 #                                           fp8 caches (batch 32 x 4096, 256 x 576) and prefill
 #   bash benchmarks/gpu/issue7.sh fp8-kv    offline throughput 1000 x 512 -> 256, bf16 vs fp8 (and fp8
@@ -95,6 +96,11 @@ lat256)
             | grep -v Warning | tail -3
     done
     ;;
+decode)
+    step "paged decode tiles per KV cache dtype (DECODE_KINDS)"
+    run_for ${T_DECODE:-150} python3 benchmarks/gpu/decode_probe.py "$OUT/decode-probe.json" \
+        ${DECODE_KINDS:-auto,int8,fp8} 2>&1 | grep -v Warning | grep -E "^best|Error" 
+    ;;
 kernels)
     step "bench kernels (fused ops, paged attention per KV cache dtype)"
     run_for ${T_KERNELS:-150} python3 -m nextok bench kernels --output "$OUT/kernels.json" 2>&1 \
@@ -123,7 +129,7 @@ fp8-kv)
     done
     ;;
 *)
-    echo "usage: $0 w4a16|gguf|tests|lat256|kernels|fp8-kv" >&2
+    echo "usage: $0 w4a16|gguf|tests|lat256|decode|kernels|fp8-kv" >&2
     exit 2
     ;;
 esac

@@ -311,11 +311,16 @@ def decode_num_splits(batch: int, kv_heads: int, max_len: int, device: torch.dev
     return max(1, min(want, triton.cdiv(max_len, min_tokens), MAX_SPLITS))
 
 
-def _decode_config(d: int, device: torch.device) -> tuple[int, int]:
-    """(BLOCK_N, num_warps)."""
+DECODE_OVERRIDE: tuple[int, int, int] | None = None  # benchmarks/gpu/decode_probe.py sweeps tiles
+
+
+def _decode_config(d: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages)."""
     if device.type != "cuda":
-        return 16, 4
-    return (64 if d <= 128 else 32), 4
+        return 16, 4, 1
+    if DECODE_OVERRIDE is not None:
+        return DECODE_OVERRIDE
+    return (64 if d <= 128 else 32), 4, 3
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -330,7 +335,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         num_splits = decode_num_splits(b, kvh, block_tables.shape[1] * page, q.device)
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be 1..{MAX_SPLITS}, not {num_splits}")
-    block_n, warps = _decode_config(d, q.device)
+    block_n, warps, stages = _decode_config(d, q.device)
     block_d = triton.next_power_of_2(d)
     mid_o = mid_lse = out  # unused when num_splits == 1
     if num_splits > 1:
@@ -343,7 +348,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         scale * LOG2E, window or 0, num_splits, *q.stride(), *k_cache.stride(),
         block_tables.stride(0), *out.stride(), G=g, D=d, PAGE=page, HAS_WINDOW=window is not None,
         BLOCK_G=max(16, triton.next_power_of_2(g)), BLOCK_D=block_d, BLOCK_N=block_n,
-        QUANT=quant, INTERPRET=INTERPRETED, num_warps=warps, PDL=use_pdl, launch_pdl=use_pdl)
+        QUANT=quant, INTERPRET=INTERPRETED, num_warps=warps, num_stages=stages, PDL=use_pdl,
+        launch_pdl=use_pdl)
     if num_splits > 1:
         _decode_reduce_kernel[(b, h)](mid_o, mid_lse, out, num_splits, *out.stride(), D=d,
                                       BLOCK_S=MAX_SPLITS, BLOCK_D=block_d, PDL=use_pdl,

@@ -1,0 +1,91 @@
+"""The paged decode kernel's tiles swept per KV cache dtype (issue 7: the fp8 cache's decode).
+
+    python3 benchmarks/gpu/decode_probe.py OUT.json [KINDS]
+
+For each cache (auto = the activations' bfloat16, int8, fp8; KINDS comma-separated) at the
+Llama-3.1-8B attention shape (32 query heads, 8 KV heads of 128, pages of 16) and two decode
+batches (256 x 576 keys: the offline throughput run's; 32 x 4096), times kernels/triton/
+attention.py's paged_decode at every (BLOCK_N, num_warps, num_stages) of a small grid, with
+the pages shuffled and the L2 flushed between calls. Prints each tile's microseconds and its
+share of the copy bandwidth, and the best per case; writes them all to OUT.json.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.getcwd())
+
+from nextok.attention import kv_quant  # noqa: E402
+from nextok.bench.common import header  # noqa: E402
+from nextok.bench.kernels import Timer  # noqa: E402
+from nextok.kernels.triton import attention  # noqa: E402
+
+CASES = [(256, 576), (32, 4096)]
+H, KVH, D, PAGE = 32, 8, 128, 16
+TILES = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))
+
+
+def main() -> int:
+    out_path = sys.argv[1]
+    kinds = (sys.argv[2] if len(sys.argv) > 2 else "auto,int8,fp8").split(",")
+    dev = torch.device("cuda")
+    timer = Timer(dev, iters=30, warmup=3)
+    copy_gbps = timer.copy_bandwidth(1 << 30)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for kind, (b, ctx) in itertools.product(kinds, CASES):
+        per_seq = -(-ctx // PAGE)
+        caches = [torch.randn(b * per_seq + 1, PAGE, KVH, D, generator=gen).to(dev, torch.bfloat16)
+                  for _ in range(2)]
+        if kind != "auto":
+            caches = [kv_quant.quantize_rows(c, kv_quant.DTYPES[kind]) for c in caches]
+        tables = (torch.randperm(b * per_seq, generator=gen) + 1).view(b, per_seq).to(dev)
+        lens = torch.full((b,), ctx, dtype=torch.int64, device=dev)
+        q = torch.randn(b, H, D, generator=gen).to(dev, torch.bfloat16)
+        nbytes = 2 * b * ctx * KVH * caches[0].shape[-1] * caches[0].element_size()
+        ref = None
+        for tile in TILES:
+            attention.DECODE_OVERRIDE = tile
+            o = torch.empty_like(q)
+            call = lambda: attention.paged_decode(q, *caches, tables, lens, D ** -0.5, None, o)  # noqa: E731
+            try:
+                call()
+                torch.cuda.synchronize()
+            except Exception as e:  # a tile that does not fit (shared memory) is skipped
+                print(f"{kind} {b}x{ctx} {tile}: {type(e).__name__} {str(e)[:100]}")
+                continue
+            ref = o.clone() if ref is None else ref
+            diff = (o.float() - ref.float()).abs().max().item()
+            us = timer.time_us(call)
+            gbps = nbytes / us / 1e3
+            rows.append(dict(kind=kind, batch=b, context=ctx, BLOCK_N=tile[0], num_warps=tile[1],
+                             num_stages=tile[2], us=us, gbps=gbps, pct_of_copy=100 * gbps / copy_gbps,
+                             max_diff_vs_first=diff))
+            print(f"{kind:5} {b:4}x{ctx:<5} BLOCK_N {tile[0]:3} warps {tile[1]} stages {tile[2]}: "
+                  f"{us:8.1f} us {100 * gbps / copy_gbps:5.1f}% of copy (diff {diff:.1e})", flush=True)
+    attention.DECODE_OVERRIDE = None
+    best = {}
+    for r in rows:
+        key = f"{r['kind']} {r['batch']}x{r['context']}"
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    default = {f"{r['kind']} {r['batch']}x{r['context']}": r for r in rows
+               if (r["BLOCK_N"], r["num_warps"], r["num_stages"]) == (64, 4, 3)}
+    for key, r in best.items():
+        d = default.get(key)
+        print(f"best {key}: BLOCK_N {r['BLOCK_N']} warps {r['num_warps']} stages {r['num_stages']} "
+              f"{r['us']:.1f} us ({r['pct_of_copy']:.0f}% of copy)"
+              + (f"; default 64/4/3 {d['us']:.1f} us" if d else ""))
+    with open(out_path, "w") as f:
+        json.dump(dict(header(), copy_gbps=copy_gbps,
+                       rows=rows, best=best), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
