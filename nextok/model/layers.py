@@ -107,6 +107,19 @@ class RotaryEmbedding(nn.Module):
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+def norm_then_linear(norm: RMSNorm, linear: nn.Module, x: torch.Tensor,
+                     residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(linear(norm(x + residual)), x + residual), x: [T, hidden]; without a residual (the first
+    layer) x itself is the residual. A layer with `forward_add_norm` (quant/int4.py) takes the
+    add and the norm into its own kernel where it can: at batch 1 a launch less per norm."""
+    if norm.fused is not None and hasattr(linear, "forward_add_norm"):
+        return linear.forward_add_norm(x, residual, norm)
+    if residual is None:
+        return linear(norm(x)), x
+    h, residual = norm(x, residual)
+    return linear(h), residual
+
+
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x)) with gate and up fused into one matmul."""
 
@@ -118,7 +131,10 @@ class SwiGLU(nn.Module):
         self.fused = None  # fused elementwise ops (kernels/select.py), bound by the model runner
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)  # [T, 2 * I]
+        return self.down(self.gate_up_proj(x))
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        # gate_up: [T, 2 * I] -> down(silu(gate) * up) [T, hidden]
         if self.fused is not None:
             # a down projection that takes gate_up itself saves the silu_mul launch (quant/int4.py)
             down = getattr(self.down_proj, "forward_silu_mul", None)

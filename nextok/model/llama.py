@@ -13,7 +13,7 @@ from torch import nn
 from nextok.attention.base import AttentionBackend, AttentionMetadata
 from nextok.config import ModelConfig
 from nextok.errors import ModelLoadError
-from nextok.model.layers import FusedLinear, RMSNorm, RotaryEmbedding, SwiGLU
+from nextok.model.layers import FusedLinear, RMSNorm, RotaryEmbedding, SwiGLU, norm_then_linear
 
 
 class Attention(nn.Module):
@@ -35,8 +35,12 @@ class Attention(nn.Module):
     def forward(self, x, rope_cos_sin, kv_cache, meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
         # x: [T, hidden]; rope_cos_sin: ([T, 1, D/2], [T, 1, D/2]) for this step's positions
-        t = x.shape[0]
-        qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
+        return self.attend(self.qkv_proj(x), rope_cos_sin, kv_cache, meta, backend)
+
+    def attend(self, qkv, rope_cos_sin, kv_cache, meta: AttentionMetadata,
+               backend: AttentionBackend) -> torch.Tensor:
+        # qkv: [T, q_size + 2 * kv_size], qkv_proj's output -> o_proj's [T, hidden]
+        t = qkv.shape[0]
         stored = False
         # RoPE and the KV store in one launch, unless the cache holds int8 rows with their scale
         if (self.fused is not None and self.store_kv_in_rope
@@ -66,14 +70,12 @@ class DecoderLayer(nn.Module):
     def forward(self, x, residual, rope_cos_sin, kv_cache, meta, backend):
         # x: [T, hidden], the previous layer's MLP output; residual: the stream it adds into
         # (None at the first layer, where x is the embedding). Returns (mlp out, residual).
-        if residual is None:
-            residual = x
-            x = self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, rope_cos_sin, kv_cache, meta, backend)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        attn = self.self_attn
+        qkv, residual = norm_then_linear(self.input_layernorm, attn.qkv_proj, x, residual)
+        x = attn.attend(qkv, rope_cos_sin, kv_cache, meta, backend)
+        gate_up, residual = norm_then_linear(self.post_attention_layernorm, self.mlp.gate_up_proj,
+                                             x, residual)
+        return self.mlp.down(gate_up), residual
 
 
 class LlamaForCausalLM(nn.Module):

@@ -159,6 +159,22 @@ class Int4Linear(nn.Module):
                          layout=self.layout)
         return self(silu_mul(gate_up))
 
+    def forward_add_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm):
+        """self(norm(x + residual)) and the new residual, x + residual (x if None), for the RMSNorm
+        `norm` before this layer (model/layers.py norm_then_linear): on CUDA, decode-sized steps
+        add and norm in the kernel (one launch less); else the norm's own path first."""
+        if (self._kernel_step(x) and x.stride(-1) == 1
+                and (residual is None or residual.stride(-1) == 1)):
+            from nextok.kernels.triton.w4a16 import w4a16
+
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return w4a16(x, self.qweight, self.scales, self.mins, bias, layout=self.layout,
+                         norm=(residual, norm.weight, norm.eps))
+        if residual is None:
+            return self(norm(x)), x
+        h, residual = norm(x, residual)
+        return self(h), residual
+
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, int4 groups of " \
                f"{self.in_features // self.scales.shape[1]}"

@@ -258,6 +258,50 @@ def test_w4a16_takes_gate_up_as_the_separate_silu_mul_does(dtype, rows):
         w4a16(gate_up[:, :k], *args, silu_mul=True)
 
 
+@pytest.mark.parametrize("residual", [True, False], ids=["residual", "first-layer"])
+@pytest.mark.parametrize("rows", [1, 5, 12])
+def test_w4a16_takes_the_add_and_norm_before_it(residual, rows):
+    """norm=(residual, weight, eps): the product of rms_norm(x + residual) * weight, as the
+    add_rms_norm kernel and then the plain product give it (the dp4a kernel, 1-8 rows, sums the
+    squares in another order: a rounding of the normed x may differ), and x + residual, bit for
+    bit, in a new tensor from the kernel (the grid's programs all read the old one). 12 rows:
+    add_rms_norm first, which adds in place: callers take the residual returned."""
+    from nextok.kernels.triton.fused import TritonFusedOps
+    from nextok.model.layers import RMSNorm
+
+    dtype = torch.bfloat16
+    n, k, group = SHAPES[0]
+    w, x, b = _data(dtype, n, k, rows)
+    gen = torch.Generator().manual_seed(rows)
+    res = (torch.randn(rows, k, generator=gen) * 3).to(DEVICE, dtype) if residual else None
+    nw = (1 + torch.randn(k, generator=gen) * 0.2).to(DEVICE, dtype)
+    q, d, m = quantize_groups(w, group)
+    args = (pack_words(q).to(DEVICE), d.to(DEVICE), m.to(DEVICE))
+    normed, want_res = TritonFusedOps(gemv_rows=0).add_rms_norm(
+        x, None if res is None else res.clone(), nw, 1e-5)
+    res_before = None if res is None else res.clone()
+    y, new_res = w4a16(x, *args, b, norm=(res, nw, 1e-5))
+    assert torch.equal(new_res, want_res)
+    if res is not None and rows <= 8:  # the kernel's (add_rms_norm adds in place)
+        assert torch.equal(res, res_before) and new_res.data_ptr() != res.data_ptr()
+        res = res_before
+    _close(y, w4a16(normed, *args, b))
+    tiled = words4.tile_words(args[0], TILES)
+    y_tiled, _ = w4a16(x, tiled, *args[1:], b, layout=TILES,
+                       norm=(None if res is None else res_before.clone(), nw, 1e-5))
+    assert torch.equal(y_tiled, y)
+    # the layer's entry point (model/layers.py norm_then_linear) gives the same on every device
+    norm = RMSNorm(k, 1e-5).to(DEVICE, dtype)
+    norm.weight.data.copy_(nw)
+    norm.fused = TritonFusedOps(gemv_rows=0)
+    layer = Int4Linear(q, d, m, b.cpu()).to(DEVICE)
+    got, got_res = layer.forward_add_norm(x, None if res is None else res_before.clone(), norm)
+    assert torch.equal(got_res, want_res)
+    _close(got, w4a16(normed, *args, b))
+    with pytest.raises(ValueError, match="norm takes a weight"):
+        w4a16(x, *args, b, norm=(res, nw[:-8], 1e-5))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("shape", SHAPES[:2] + [(3, 64, 32)], ids=str)
 def test_dequantize_in_one_pass_equals_the_torch_path(dtype, shape):

@@ -155,6 +155,47 @@ def _x_tile(x_rows, xw, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL: tl.constexpr):
 
 
 @triton.jit
+def _norm_rstd(x_row, r_row, r_out_row, row_ok, K, eps, write, HAS_RES: tl.constexpr,
+               BLOCK_M: tl.constexpr, NB: tl.constexpr):
+    # NORM's prologue over the program's rows (x_row, r_row, r_out_row: [BLOCK_M, 1] pointers
+    # to their first columns): h = x + residual (HAS_RES; else x) over all K columns, rounded as
+    # fused.py's add + RMSNorm kernel rounds it; `write`: this program also stores h, the new
+    # residual, to r_out (one program of the grid does: the others may still read the old one).
+    # -> rstd [BLOCK_M, 1] float32
+    acc = tl.zeros([BLOCK_M, NB], dtype=tl.float32)
+    for k0 in range(0, K, NB):
+        cols = k0 + tl.arange(0, NB)[None, :]
+        ok = row_ok & (cols < K)
+        h = tl.load(x_row + cols, mask=ok, other=0.0)
+        if HAS_RES:
+            r = tl.load(r_row + cols, mask=ok, other=0.0)
+            h = _round(h.to(tl.float32) + r.to(tl.float32), h.dtype).to(h.dtype)
+            tl.store(r_out_row + cols, h, mask=ok & write)
+        hf = h.to(tl.float32)
+        acc += hf * hf
+    return tl.rsqrt(tl.sum(acc, axis=1) / K + eps)[:, None]
+
+
+@triton.jit
+def _in_tile(x_rows, r_rows, nw_ptr, col, xw, xrow_ok, kw_lo, kw_hi, KW, rstd,
+             SILU_MUL: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr):
+    # _x_tile's (x, up), and with NORM x as RMSNorm's output: round(round(h rstd) w), h = x +
+    # residual (r_rows: the residual's words as x_rows are x's), w the norm's weight (nw_ptr,
+    # col: [1, 1, 1, 8] the column in a word), rstd [BLOCK_M, 1, 1, 1] from _norm_rstd
+    x, up = _x_tile(x_rows, xw, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
+    if NORM:
+        x_ok = xrow_ok & (xw >= kw_lo) & (xw < kw_hi)
+        h = x.to(tl.float32)
+        if HAS_RES:
+            r = tl.load(r_rows + xw * 8, mask=x_ok, other=0.0)
+            h = _round(h + r.to(tl.float32), x.dtype)
+        w = tl.load(nw_ptr + xw * 8 + col, mask=(xw >= kw_lo) & (xw < kw_hi), other=0.0)
+        x = _round(_round(h * rstd, x.dtype) * w.to(tl.float32), x.dtype).to(x.dtype)
+        up = x
+    return x, up
+
+
+@triton.jit
 def _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG: tl.constexpr, GT: tl.constexpr):
     # d and m of the GT groups from word kw0 of rows n, float32 [1, BLOCK_N, GT]
     grp = kw0 // WPG + tl.arange(0, GT)[None, None, :]  # [1, 1, GT]
@@ -196,8 +237,10 @@ def _tile_products(acc, w, x, up, d, mn, x_dtype: tl.constexpr, SILU_MUL: tl.con
 
 @triton.jit
 def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-                       M, N, KW, G, s_xm, s_ym, WPG: tl.constexpr, GT: tl.constexpr,
+                       r_ptr, nw_ptr, r_out_ptr, eps,
+                       M, N, KW, G, s_xm, s_ym, s_rm, WPG: tl.constexpr, GT: tl.constexpr,
                        SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+                       NORM: tl.constexpr, HAS_RES: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                        INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr, LN: tl.constexpr,
                        LW: tl.constexpr, DEPTH: tl.constexpr, XAHEAD: tl.constexpr):
@@ -211,6 +254,11 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     # SILU_MUL: x's rows are an MLP's gate and up halves, [M, 16 KW], and the kernel multiplies
     # silu(gate) * up, rounded as the separate silu_mul kernel (fused.py) rounds it: the down
     # projection without that kernel's launch and round trip through memory.
+    # NORM: x is the output before an RMSNorm (weight nw [8 KW], eps) and HAS_RES its residual
+    # r [M, 8 KW] (row stride s_rm, also r_out's): the kernel takes x + r, normed, as its input,
+    # and its first program writes x + r to r_out: the add + RMSNorm kernel (fused.py) and its
+    # launch folded in (each program reads the whole row of x and r for the norm: 16 KB from L2
+    # at K 4096).
     TW: tl.constexpr = GT * WPG
     mb = tl.cdiv(M, BLOCK_M)
     rblock = tl.program_id(0) % mb
@@ -261,11 +309,20 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     # night): every one-row 8B shape's best tile takes it; with DEPTH 2 where that pays, a
     # layer's four matmuls 50.7 -> 48.3 us.
     x_rows = x_ptr + xrow * s_xm + col
+    r_rows = r_ptr + xrow * s_rm + col
     if XAHEAD:
         d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw_start, kw_lo, kw_hi, G, WPG, GT)
     pdl_wait(PDL)
+    rstd = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
+    if NORM:
+        rstd = _norm_rstd(x_ptr + rows[:, None] * s_xm, r_ptr + rows[:, None] * s_rm,
+                          r_out_ptr + rows[:, None] * s_rm, row_ok[:, None],
+                          8 * (KW_INTERPRET if INTERPRET else KW), eps, (split == 0) & (tile == 0),
+                          HAS_RES, BLOCK_M, 1024 if BLOCK_M == 1 else 256)
+    rstd = rstd[:, :, None, None]  # [BLOCK_M, 1, 1, 1]
     if XAHEAD:
-        x_next, up_next = _x_tile(x_rows, kw_start + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
+        x_next, up_next = _in_tile(x_rows, r_rows, nw_ptr, col, kw_start + xword, xrow_ok, kw_lo,
+                                   kw_hi, KW, rstd, SILU_MUL, NORM, HAS_RES)
     for kw0 in range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi, TW):
         w = w_next
         if DEPTH == 2:
@@ -275,10 +332,12 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
             w_next = _w_tile(w_tile, wword, kw0 + TW, n_ok4, kw_lo, kw_hi, LN)
         if XAHEAD:
             x, up, d, mn = x_next, up_next, d_next, mn_next
-            x_next, up_next = _x_tile(x_rows, kw0 + TW + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
+            x_next, up_next = _in_tile(x_rows, r_rows, nw_ptr, col, kw0 + TW + xword, xrow_ok,
+                                       kw_lo, kw_hi, KW, rstd, SILU_MUL, NORM, HAS_RES)
             d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw0 + TW, kw_lo, kw_hi, G, WPG, GT)
         else:
-            x, up = _x_tile(x_rows, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
+            x, up = _in_tile(x_rows, r_rows, nw_ptr, col, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW,
+                             rstd, SILU_MUL, NORM, HAS_RES)
             d, mn = _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG, GT)
         acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, BLOCK_M,
                              BLOCK_N, GT, WPG, INTERPRET)
@@ -330,11 +389,15 @@ def supports(k: int, group: int) -> bool:
 
 def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
           bias: torch.Tensor | None = None, silu_mul: bool = False,
-          layout: tuple[int, int] | None = None) -> torch.Tensor:
+          layout: tuple[int, int] | None = None, norm: tuple | None = None):
     """x [M, K] @ (d * q + m).T (+ bias): words int32 [N, K / 8] (in tiles if layout:
     int4_words.tile_words), d and m float16 [N, G].
     silu_mul: x is [M, 2K], an MLP's gate and up halves, and the product takes silu(gate) * up
-    (in the one-row kernel; the tl.dot one, for more rows, gets it from the silu_mul kernel)."""
+    (in the one-row kernel; the tl.dot one, for more rows, gets it from the silu_mul kernel).
+    norm: (residual [M, K] or None, weight [K], eps): the product takes rms_norm(x + residual)
+    * weight instead of x, and the call returns (y, x + residual), the residual x itself if
+    None, as fused.py's add_rms_norm and then this would; the split-K dp4a kernel (1-8 rows)
+    does both in its own launch, the others after add_rms_norm's."""
     rows, k = x.shape
     if silu_mul:
         k //= 2
@@ -352,19 +415,29 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
                          f"{d.shape[1]} groups")
     if layout and not can_tile(n, kw, layout):
         raise ValueError(f"words {list(words.shape)} do not make tiles of {layout} (rows, words)")
+    residual, nw, eps = norm if norm is not None else (None, None, 0.0)
+    if norm is not None and (silu_mul or nw.shape != (k,) or (residual is not None and (
+            residual.shape != x.shape or residual.stride(-1) != 1))):
+        raise ValueError(f"W4A16's norm takes a weight of K = {k} and a residual shaped as x "
+                         f"{list(x.shape)} (unit-stride rows), not with silu_mul")
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    res_out = x if residual is None else residual
     if rows:
         dot, cfg = w4a16_tiles.config(rows, n, k, group, x.device)
         if layout and (cfg["GT"] * group // 8) % layout[1]:
             raise ValueError(f"a tile of {cfg['GT'] * group // 8} words does not read whole "
                              f"{layout[1]}-word tiles")
-        if silu_mul and dot:
+        fuse_norm = norm is not None and not dot and not cfg.get("STREAM")
+        if (silu_mul and dot) or (norm is not None and not fuse_norm):
             from nextok.kernels.triton.fused import TritonFusedOps
 
-            x, silu_mul = TritonFusedOps(gemv_rows=0).silu_mul(x), False
+            ops = TritonFusedOps(gemv_rows=0)
+            if silu_mul:
+                x, silu_mul = ops.silu_mul(x), False
+            else:
+                x, res_out = ops.add_rms_norm(x, residual, nw, eps)
         use_pdl = pdl.enabled(x.device)
-        args = (x, words, d, m, bias if bias is not None else d, y, rows, n, kw, d.shape[1],
-                x.stride(0), y.stride(0))
+        args = (x, words, d, m, bias if bias is not None else d, y)
         common = dict(WPG=group // 8, HAS_BIAS=bias is not None, PDL=use_pdl, INTERPRET=INTERPRETED,
                       KW_INTERPRET=kw if INTERPRETED else 0, launch_pdl=use_pdl,
                       **layout_args(layout), **{k: v for k, v in cfg.items() if k != "STREAM"})
@@ -375,9 +448,16 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
         elif not dot:
             tiles, mb = triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(rows, cfg["BLOCK_M"])
             part, count = _scratch(x.device, cfg["SPLIT"] * rows * n, tiles * mb)
-            _w4a16_dp4a_kernel[(tiles * cfg["SPLIT"] * mb,)](*args[:6], part, count, *args[6:],
-                                                             SILU_MUL=silu_mul, **common)
+            has_res = fuse_norm and residual is not None
+            if has_res:  # a new tensor: the grid's other programs still read the old residual
+                res_out = torch.empty_like(residual)
+            _w4a16_dp4a_kernel[(tiles * cfg["SPLIT"] * mb,)](
+                *args, part, count, residual if has_res else x, nw if fuse_norm else d,
+                res_out if has_res else x, eps, rows, n, kw, d.shape[1], x.stride(0), y.stride(0),
+                residual.stride(0) if has_res else 0, SILU_MUL=silu_mul, NORM=fuse_norm,
+                HAS_RES=has_res, **common)
         else:
             _w4a16_dot_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
-                *args, IEEE=INTERPRETED or x.dtype == torch.float32, **common)
-    return y
+                *args, rows, n, kw, d.shape[1], x.stride(0), y.stride(0),
+                IEEE=INTERPRETED or x.dtype == torch.float32, **common)
+    return y if norm is None else (y, res_out)
