@@ -16,6 +16,8 @@ rounded to float16 first, so every path holds the same dequantized weights.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -86,6 +88,10 @@ def zero_point_blocks(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor) -> torc
     """Weights s * (q - z) (AWQ's and GPTQ's definition; q [out, in], z and s [out, G]) as Q4_1
     blocks: d = s, m = -z * s rounded to float16, at most |z * s| * 2^-11 from the definition."""
     return q4_1_blocks(q, s.to(torch.float16), (-(z.float() * s.float())).to(torch.float16))
+
+
+# NEXTOK_W4A16_NORM=0: the norms stay separate kernels (benchmarks time the step both ways)
+_FUSE_NORM = os.environ.get("NEXTOK_W4A16_NORM", "1") != "0"
 
 
 class Int4Linear(nn.Module):
@@ -163,7 +169,7 @@ class Int4Linear(nn.Module):
         """self(norm(x + residual)) and the new residual, x + residual (x if None), for the RMSNorm
         `norm` before this layer (model/layers.py norm_then_linear): on CUDA, decode-sized steps
         add and norm in the kernel (one launch less); else the norm's own path first."""
-        if (self._kernel_step(x) and x.stride(-1) == 1
+        if (_FUSE_NORM and self._kernel_step(x) and x.stride(-1) == 1
                 and (residual is None or residual.stride(-1) == 1)):
             from nextok.kernels.triton.w4a16 import w4a16
 
