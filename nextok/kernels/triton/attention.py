@@ -130,8 +130,10 @@ def _head_stride(s_ch, QUANT: tl.constexpr):
 
 
 @triton.jit
-def _from_fp8(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
-    if INTERPRET:  # the interpreter converts float8 through float32 only
+def _from_byte(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
+    # an fp8 or int8 tile to q's dtype: one conversion on the GPU; the interpreter converts
+    # them right only through float32 (int8 to bfloat16 directly gave NaNs)
+    if INTERPRET:
         return x.to(tl.float32).to(dtype)
     return x.to(dtype)
 
@@ -158,9 +160,9 @@ def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, ks_ba
     if QUANT == 1:
         srow = blk * (s_cb // 4) + (pos_k % PAGE) * (s_cs // 4) + SCALE_COL
         row_scale = qk_scale * tl.load(ks_base + srow, mask=k_ok, other=0.0)[None, :]  # [1, N]
-        k = k.to(q.dtype)
+        k = _from_byte(k, q.dtype, INTERPRET)
     if QUANT == 2:  # fp8 rows: the values themselves, to q's float16 (see _fp8_query)
-        k = _from_fp8(k, q.dtype, INTERPRET)
+        k = _from_byte(k, q.dtype, INTERPRET)
     if INTERPRET:  # the interpreter's tl.dot multiplies bfloat16's raw bits: upcast there
         q, k = q.to(tl.float32), k.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * row_scale  # [M, N]
@@ -181,9 +183,9 @@ def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, ks_ba
     pv = p
     if QUANT == 1:  # p @ (v_int * scale) = (p * scale) @ v_int
         pv = p * tl.load(vs_base + srow, mask=k_ok, other=0.0)[None, :]
-        v = v.to(q.dtype)
+        v = _from_byte(v, q.dtype, INTERPRET)
     if QUANT == 2:
-        v = _from_fp8(v, q.dtype, INTERPRET)
+        v = _from_byte(v, q.dtype, INTERPRET)
     pv = pv.to(v.dtype)
     if INTERPRET:
         pv, v = pv.to(tl.float32), v.to(tl.float32)
