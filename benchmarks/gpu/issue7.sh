@@ -63,9 +63,9 @@ w4a16)
     for r in $(seq 1 ${ROUNDS:-2}); do
         [ -z "${SKIP_BF16:-}" ] && { step "8B decode step, bf16 (round $r)"; latency bf16-r$r; }
         step "8B decode step, int4 W4A16 (round $r)"; latency int4-r$r --quantization int4
-        if [ -n "${NORM_AB:-}" ]; then  # the norms as separate kernels (quant/int4.py)
-            step "8B decode step, int4 W4A16, norms not in the matmul (round $r)"
-            NEXTOK_W4A16_NORM=0 latency int4-separate-norms-r$r --quantization int4
+        if [ -n "${NORM_AB:-}" ]; then  # the norms in the matmul (quant/int4.py)
+            step "8B decode step, int4 W4A16, add + RMSNorm in the matmul (round $r)"
+            NEXTOK_W4A16_NORM=1 latency int4-fused-norms-r$r --quantization int4
         fi
         if [ -n "${LM_HEAD:-}" ]; then
             step "8B decode step, int4 W4A16 with an int4 lm_head (round $r)"

@@ -90,8 +90,11 @@ def zero_point_blocks(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor) -> torc
     return q4_1_blocks(q, s.to(torch.float16), (-(z.float() * s.float())).to(torch.float16))
 
 
-# NEXTOK_W4A16_NORM=0: the norms stay separate kernels (benchmarks time the step both ways)
-_FUSE_NORM = os.environ.get("NEXTOK_W4A16_NORM", "1") != "0"
+# NEXTOK_W4A16_NORM=1: the add + RMSNorm before qkv and gate_up inside the W4A16 kernel
+# (forward_add_norm). Opt-in until a GPU has timed it against the separate norm kernels: on
+# sm_90 it adds 50 instructions to gate_up's 624-instruction tile loop and saves 64 launches a
+# step of an 8B model (benchmarks/gpu/issue7.sh w4a16 with NORM_AB=1 times both).
+_FUSE_NORM = os.environ.get("NEXTOK_W4A16_NORM", "0") == "1"
 
 
 class Int4Linear(nn.Module):

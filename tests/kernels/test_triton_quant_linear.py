@@ -260,7 +260,7 @@ def test_w4a16_takes_gate_up_as_the_separate_silu_mul_does(dtype, rows):
 
 @pytest.mark.parametrize("residual", [True, False], ids=["residual", "first-layer"])
 @pytest.mark.parametrize("rows", [1, 5, 12])
-def test_w4a16_takes_the_add_and_norm_before_it(residual, rows):
+def test_w4a16_takes_the_add_and_norm_before_it(residual, rows, monkeypatch):
     """norm=(residual, weight, eps): the product of rms_norm(x + residual) * weight, as the
     add_rms_norm kernel and then the plain product give it (the dp4a kernel, 1-8 rows, sums the
     squares in another order: a rounding of the normed x may differ), and x + residual, bit for
@@ -268,7 +268,9 @@ def test_w4a16_takes_the_add_and_norm_before_it(residual, rows):
     add_rms_norm first, which adds in place: callers take the residual returned."""
     from nextok.kernels.triton.fused import TritonFusedOps
     from nextok.model.layers import RMSNorm
+    from nextok.quant import int4
 
+    monkeypatch.setattr(int4, "_FUSE_NORM", True)  # opt-in (NEXTOK_W4A16_NORM=1)
     dtype = torch.bfloat16
     n, k, group = SHAPES[0]
     w, x, b = _data(dtype, n, k, rows)
