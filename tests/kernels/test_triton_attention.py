@@ -198,8 +198,11 @@ def test_int8_kv_cache(window, dtype):
         # the same values but for rounding ties (half away from zero vs half to even)
         assert (got[..., :d] != ref[..., :d]).float().mean().item() < 1e-3
         assert ((got[..., :d].int() - ref[..., :d].int()).abs() <= 1).all()
-        torch.testing.assert_close(kv_quant.dequantize_rows(got, torch.float32),
-                                   kv_quant.dequantize_rows(ref, torch.float32), rtol=0, atol=0.02)
+        # the rows' scales (their last 4 bytes, float32): max|x| / 127, the GPU's division within
+        # an ulp or two of torch's. (A value off by one step differs by its row's scale, ~0.025
+        # here: on an H100 a dequantized check with atol 0.02 failed on such steps.)
+        torch.testing.assert_close(got[..., d:].contiguous().view(torch.float32),
+                                   ref[..., d:].contiguous().view(torch.float32), rtol=1e-6, atol=0)
         assert not torch.equal(got, kc)  # this step's rows were written
     tol = 2e-3 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), want.float(), rtol=tol, atol=tol)
