@@ -12,6 +12,7 @@
 #   bash benchmarks/gpu/issue7.sh decode    the paged decode kernel's tiles per KV cache dtype (decode_probe.py)
 #   bash benchmarks/gpu/issue7.sh kernels   nextok bench kernels: the fused ops, paged decode on bf16 / int8 /
 #                                           fp8 caches (batch 32 x 4096, 256 x 576) and prefill
+#   bash benchmarks/gpu/issue7.sh plan      all of the above that item 4 still needs, in order, under DEADLINE
 #   bash benchmarks/gpu/issue7.sh fp8-kv    offline throughput 1000 x 512 -> 256, bf16 vs fp8 (and fp8
 #                                           with an fp8 KV cache); the
 #                                           4k-token sequences a KV budget holds per cache dtype
@@ -132,8 +133,20 @@ fp8-kv)
             2>&1 | grep -v Warning | tail -2
     done
     ;;
+plan)
+    # Everything item 4 still needs, most needed first, under one call's deadline (DEADLINE=S;
+    # a step that would not finish is skipped): the CUDA tests of what changed, the FP8
+    # throughput pair, the W4A16 step (bf16, int4, int4 with the norms in the matmul, int4 with
+    # an int4 lm_head), the decode tiles per cache dtype, the one-row W4A16 sweep (stream too).
+    TESTS="tests/kernels/test_triton_attention.py tests/e2e/test_triton_engine.py tests/e2e/test_warmup_kernels.py tests/model/test_fused_decode_layers.py tests/kernels/test_triton_quant_linear.py::test_w4a16_takes_the_add_and_norm_before_it" \
+        T_TESTS=${T_TESTS:-120} bash "$0" tests
+    TP_RUNS="bf16 fp8kv" KV_KINDS="" T_TP=110 bash "$0" fp8-kv
+    NORM_AB=1 LM_HEAD=1 SKIP_TESTS=1 SKIP_PROBE=1 ROUNDS=1 T_LAT=75 bash "$0" w4a16
+    DECODE_KINDS=fp8,int8 T_DECODE=100 bash "$0" decode
+    SKIP_TESTS=1 PROBE_ROWS=1 T_PROBE=300 ROUNDS=0 bash "$0" w4a16
+    ;;
 *)
-    echo "usage: $0 w4a16|gguf|tests|lat256|decode|kernels|fp8-kv" >&2
+    echo "usage: $0 w4a16|gguf|tests|lat256|decode|kernels|fp8-kv|plan" >&2
     exit 2
     ;;
 esac
