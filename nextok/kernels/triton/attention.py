@@ -12,8 +12,10 @@ is loaded once for all of them.
 Quantized caches (attention/kv_quant.py), one constexpr QUANT per launch: 0 none; 1 int8,
 rows of D + 4 bytes, D int8 values and their float32 scale; 2 fp8 (e4m3), rows of D values
 and no scale. The store quantizes each row (fp8: clamps to +-448 and casts); the attention
-kernels convert each K/V tile to the query's dtype as they load it, int8 reading the scales
-through a float32 view of the same cache (row strides in bytes / 4).
+kernels convert each K/V tile to the query's dtype as they load it (fp8: float16, see
+_fp8_query); int8 tiles enter the dots as integers, and their row scales, read through a
+float32 view of the same cache (row strides in bytes / 4), multiply the scores and the
+probabilities instead.
 
 Softmax runs in base 2: scores are scaled by scale * log2(e), and the split-KV partials store
 their log-sum-exp in base 2 as well. Accumulation is float32; tl.dot runs at "ieee" precision so
