@@ -25,10 +25,10 @@ import json, sys
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from nextok.kernels.triton import attention, fp8_quant, fused, gemv, gguf_linear, int4_words, quant_linear, w4a16
-from nextok.kernels.triton import attention_prefill, w4a16_stream
+from nextok.kernels.triton import attention_prefill, w4a16_dot, w4a16_stream
 MODULES = {"attention": attention, "attention_prefill": attention_prefill, "fp8_quant": fp8_quant, "fused": fused, "gemv": gemv,
            "gguf_linear": gguf_linear, "int4_words": int4_words, "quant_linear": quant_linear, "w4a16": w4a16,
-           "w4a16_stream": w4a16_stream}
+           "w4a16_dot": w4a16_dot, "w4a16_stream": w4a16_stream}
 
 def build(fn, types, const):
     sig = {n: ("constexpr" if n in const else types.get(n, "i32")) for n in fn.arg_names}
@@ -106,7 +106,7 @@ def _specs() -> list:
                               dict(w_ptr="*u8", out_ptr="*bf16"),
                               dict(TYPE=type_id, QK=qk, NB=nb, S=sub, BLOCK_N=32)))
     for ln, lw in ((0, 1), (64, 16)):
-        specs.append((f"w4a16 tl.dot kernel tiles={ln}x{lw}", ("w4a16", "_w4a16_dot_kernel"),
+        specs.append((f"w4a16 tl.dot kernel tiles={ln}x{lw}", ("w4a16_dot", "_w4a16_dot_kernel"),
                       dict(x_ptr="*bf16", w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", b_ptr="*fp16",
                            y_ptr="*bf16"),
                       dict(WPG=16, GT=2, HAS_BIAS=True, BLOCK_M=16, BLOCK_N=32, PDL=True, IEEE=False,
