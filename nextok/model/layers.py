@@ -107,16 +107,23 @@ class RotaryEmbedding(nn.Module):
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+def add_norm(norm: RMSNorm, x: torch.Tensor,
+             residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual), x: [T, hidden]; without a residual (the first layer)
+    x itself is the residual."""
+    if residual is None:
+        return norm(x), x
+    return norm(x, residual)
+
+
 def norm_then_linear(norm: RMSNorm, linear: nn.Module, x: torch.Tensor,
                      residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(linear(norm(x + residual)), x + residual), x: [T, hidden]; without a residual (the first
-    layer) x itself is the residual. A layer with `forward_add_norm` (quant/int4.py) takes the
-    add and the norm into its own kernel where it can: at batch 1 a launch less per norm."""
+    """(linear(norm(x + residual)), x + residual) (add_norm). A layer with `forward_add_norm`
+    (quant/int4.py) takes the add and the norm into its own kernel where it can: at batch 1 a
+    launch less per norm."""
     if norm.fused is not None and hasattr(linear, "forward_add_norm"):
         return linear.forward_add_norm(x, residual, norm)
-    if residual is None:
-        return linear(norm(x)), x
-    h, residual = norm(x, residual)
+    h, residual = add_norm(norm, x, residual)
     return linear(h), residual
 
 

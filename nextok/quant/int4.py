@@ -179,9 +179,9 @@ class Int4Linear(nn.Module):
             bias = None if self.bias is None else self.bias.to(x.dtype)
             return w4a16(x, self.qweight, self.scales, self.mins, bias, layout=self.layout,
                          norm=(residual, norm.weight, norm.eps))
-        if residual is None:
-            return self(norm(x)), x
-        h, residual = norm(x, residual)
+        from nextok.model.layers import add_norm
+
+        h, residual = add_norm(norm, x, residual)
         return self(h), residual
 
     def extra_repr(self) -> str:
