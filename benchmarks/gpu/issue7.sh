@@ -138,7 +138,7 @@ plan)
     # a step that would not finish is skipped): the CUDA tests of what changed, the FP8
     # throughput pair, the W4A16 step (bf16, int4, int4 with the norms in the matmul, int4 with
     # an int4 lm_head), the decode tiles per cache dtype, the one-row W4A16 sweep (stream too).
-    TESTS="tests/kernels/test_triton_attention.py tests/e2e/test_triton_engine.py tests/e2e/test_warmup_kernels.py tests/model/test_fused_decode_layers.py tests/kernels/test_triton_quant_linear.py::test_w4a16_takes_the_add_and_norm_before_it" \
+    TESTS="tests/kernels/test_triton_attention.py tests/e2e/test_triton_engine.py tests/e2e/test_warmup_kernels.py tests/model/test_fused_decode_layers.py tests/kernels/test_triton_quant_linear.py::test_w4a16_takes_the_add_and_norm_before_it tests/quant/test_fp8.py" \
         T_TESTS=${T_TESTS:-120} bash "$0" tests
     TP_RUNS="bf16 fp8kv" KV_KINDS="" T_TP=110 bash "$0" fp8-kv
     NORM_AB=1 LM_HEAD=1 SKIP_TESTS=1 SKIP_PROBE=1 ROUNDS=1 T_LAT=75 bash "$0" w4a16

@@ -144,9 +144,10 @@ class SwiGLU(nn.Module):
         # gate_up: [T, 2 * I] -> down(silu(gate) * up) [T, hidden]
         if self.fused is not None:
             # a down projection that takes gate_up itself saves the silu_mul launch (quant/int4.py)
+            # or its output's round trip (quant/fp8.py)
             down = getattr(self.down_proj, "forward_silu_mul", None)
             if down is not None:
-                return down(gate_up, self.fused.silu_mul)
+                return down(gate_up, self.fused)
             return self.down_proj(self.fused.silu_mul(gate_up))
         gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(nn.functional.silu(gate) * up)

@@ -4,7 +4,8 @@ newer: Ada, Hopper), from a bf16 / fp16 checkpoint at load.
 - Weights: e4m3 [out, in] with one float32 scale per output channel, s_w = max|W[o]| / 448
   (448: e4m3's largest finite value), so each channel uses the format's whole range.
 - Activations: quantized per token at run time, s_x = max|x[t]| / 448, by one Triton kernel
-  (kernels/triton/fp8_quant.py).
+  (kernels/triton/fp8_quant.py), or in a decoder layer by the add + RMSNorm or silu_mul kernel
+  that makes them (forward_add_norm, forward_silu_mul).
 - y = (x_q @ W_q^T) * s_x * s_w, through torch._scaled_mm with row-wise scales (float32
   accumulation, output in the activation dtype), then + bias.
 Half the weight bytes of bf16, and twice its tensor-core rate for large steps.
@@ -48,11 +49,40 @@ class FP8Linear(nn.Module):
             xq, sx = quantize_rows_fp8(x2)  # one kernel instead of six
         else:
             xq, sx = quantize_rows(x2)
+        return self.matmul(xq, sx, x.dtype).reshape(*shape[:-1], self.out_features)
+
+    def matmul(self, xq: torch.Tensor, sx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Quantized rows xq e4m3 [T, in] with scales sx float32 [T, 1] -> [T, out] in dtype."""
         # _scaled_mm wants its second operand column-major: qweight.t() of a row-major [out, in].
-        y = torch._scaled_mm(xq, self.qweight.t(), scale_a=sx, scale_b=self.scale, out_dtype=x.dtype)
+        y = torch._scaled_mm(xq, self.qweight.t(), scale_a=sx, scale_b=self.scale, out_dtype=dtype)
         if self.bias is not None:
-            y = y + self.bias.to(x.dtype)
-        return y.reshape(*shape[:-1], self.out_features)
+            y = y + self.bias.to(dtype)
+        return y
+
+    # The two producers of an FP8 layer's input in a decoder layer, the add + RMSNorm before qkv
+    # and gate_up and the silu_mul before down, write it quantized when their fused ops can
+    # (kernels/triton/fused.py): the quantize kernel's launch and its read of the rows saved, 3
+    # of a layer's 4 (~3 us each at 256 rows of an 8B, ~25 us at a prefill chunk of 8192).
+
+    def forward_add_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm):
+        """self(norm(x + residual)) and the new residual, x + residual (x if None), for the RMSNorm
+        `norm` before this layer (model/layers.py norm_then_linear)."""
+        ops = norm.fused
+        if (hasattr(ops, "add_rms_norm_fp8") and x.dim() == 2 and norm.weight.dtype == x.dtype
+                and self.in_features <= MAX_K):
+            (xq, sx), residual = ops.add_rms_norm_fp8(x, residual, norm.weight, norm.eps)
+            return self.matmul(xq, sx, x.dtype), residual
+        from nextok.model.layers import add_norm
+
+        h, residual = add_norm(norm, x, residual)
+        return self(h), residual
+
+    def forward_silu_mul(self, gate_up: torch.Tensor, ops) -> torch.Tensor:
+        """The down projection of silu(gate) * up, gate_up [T, 2 in], with the fused ops `ops`
+        (model/layers.py SwiGLU)."""
+        if hasattr(ops, "silu_mul_fp8") and gate_up.dim() == 2 and self.in_features <= MAX_K:
+            return self.matmul(*ops.silu_mul_fp8(gate_up), gate_up.dtype)
+        return self(ops.silu_mul(gate_up))
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, fp8 e4m3 W8A8"

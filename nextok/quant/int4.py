@@ -156,17 +156,17 @@ class Int4Linear(nn.Module):
                                   self.mins).to(x.dtype)
         return nn.functional.linear(x, w, bias)
 
-    def forward_silu_mul(self, gate_up: torch.Tensor, silu_mul) -> torch.Tensor:
+    def forward_silu_mul(self, gate_up: torch.Tensor, ops) -> torch.Tensor:
         """The down projection of silu(gate) * up, gate_up [T, 2 in] (model/layers.py SwiGLU):
         on CUDA, decode-sized steps read gate_up in the kernel (one launch less a layer); else
-        silu_mul (the fused ops') first, then forward."""
+        the fused ops' silu_mul first, then forward."""
         if self._kernel_step(gate_up) and gate_up.stride(-1) == 1:
             from nextok.kernels.triton.w4a16 import w4a16
 
             bias = None if self.bias is None else self.bias.to(gate_up.dtype)
             return w4a16(gate_up, self.qweight, self.scales, self.mins, bias, silu_mul=True,
                          layout=self.layout)
-        return self(silu_mul(gate_up))
+        return self(ops.silu_mul(gate_up))
 
     def forward_add_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm):
         """self(norm(x + residual)) and the new residual, x + residual (x if None), for the RMSNorm

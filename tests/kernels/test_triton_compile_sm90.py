@@ -77,12 +77,16 @@ def _specs() -> list:
                   INTERPRET=False)),
             (f"store quant={quant}", ("attention", "_store_kv_kernel"), types,
              dict(KVH=8, D=128, PAGE=16, QUANT=quant, BLOCK_H=8, BLOCK_D=128))]
-    for pdl in (False, True):
-        specs.append((f"add_rms_norm pdl={pdl}", ("fused", "_add_rms_norm_kernel"),
-                      dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", eps="fp32"),
-                      dict(HAS_RESIDUAL=True, BLOCK=4096, PDL=pdl)))
-    specs.append(("silu_mul", ("fused", "_silu_mul_kernel"), dict(gu_ptr="*bf16", out_ptr="*bf16"),
-                  dict(BLOCK=1024, PDL=True)))
+    for pdl, fp8 in ((False, False), (True, False), (True, True)):  # fp8: quantized for FP8 W8A8
+        out = "*fp8e4nv" if fp8 else "*bf16"
+        specs.append((f"add_rms_norm pdl={pdl} fp8={fp8}", ("fused", "_add_rms_norm_kernel"),
+                      dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", out_ptr=out,
+                           s_ptr="*fp32" if fp8 else out, eps="fp32"),
+                      dict(HAS_RESIDUAL=True, FP8=fp8, BLOCK=4096, PDL=pdl)))
+        if pdl:
+            specs.append((f"silu_mul fp8={fp8}", ("fused", "_silu_mul_kernel"),
+                          dict(gu_ptr="*bf16", out_ptr=out, s_ptr="*fp32" if fp8 else out),
+                          dict(FP8=fp8, BLOCK=16384 if fp8 else 1024, PDL=True)))
     specs.append(("decode reduce", ("attention", "_decode_reduce_kernel"), ATTN,
                   dict(D=128, BLOCK_S=32, BLOCK_D=128, PDL=True)))
     specs.append(("fp8 row quantizer", ("fp8_quant", "_quant_rows_kernel"),

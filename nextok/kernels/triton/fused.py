@@ -24,6 +24,7 @@ import triton.language as tl
 
 from nextok.kernels.triton import pdl
 from nextok.kernels.triton.e4m3 import to_e4m3
+from nextok.kernels.triton.fp8_quant import MAX_K as FP8_MAX_K, quant_row
 from nextok.kernels.triton.pdl import pdl_wait
 
 
@@ -41,9 +42,11 @@ def _round(x, dtype: tl.constexpr):
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, x_stride, res_stride, out_stride, d, eps,
-                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    # One row: [BLOCK >= d] columns, the tail masked.
+def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, s_ptr, x_stride, res_stride, out_stride, d,
+                         eps, HAS_RESIDUAL: tl.constexpr, FP8: tl.constexpr, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
+    # One row: [BLOCK >= d] columns, the tail masked. FP8: out is e4m3 and s [T] float32, the
+    # row in x's dtype quantized as fp8_quant.py's kernel would (the FP8 layer after the norm).
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -57,14 +60,18 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, x_stride, res_stride, o
     rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / d + eps)
     normed = _round(xf * rstd, x.dtype)  # below float32: the cast before the weight
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    out_dt: tl.constexpr = out_ptr.dtype.element_ty
-    tl.store(out_ptr + row * out_stride + cols, _round(normed * w, out_dt).to(out_dt), mask=mask)
+    if FP8:
+        quant_row(_round(normed * w, x.dtype), out_ptr + row * out_stride + cols, s_ptr + row, mask)
+    else:
+        out_dt: tl.constexpr = out_ptr.dtype.element_ty
+        tl.store(out_ptr + row * out_stride + cols, _round(normed * w, out_dt).to(out_dt), mask=mask)
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, gu_stride, out_stride, inter, BLOCK: tl.constexpr,
-                     PDL: tl.constexpr):
-    # Program (row, block of columns): out[row, c] = silu(gate[row, c]) * up[row, c].
+def _silu_mul_kernel(gu_ptr, out_ptr, s_ptr, gu_stride, out_stride, inter, FP8: tl.constexpr,
+                     BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # Program (row, block of columns): out[row, c] = silu(gate[row, c]) * up[row, c]. FP8: one
+    # block a row, out e4m3 and s [T] float32 (as in _add_rms_norm_kernel).
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -72,9 +79,12 @@ def _silu_mul_kernel(gu_ptr, out_ptr, gu_stride, out_stride, inter, BLOCK: tl.co
     g = tl.load(gu_ptr + row * gu_stride + cols, mask=mask, other=0.0)
     u = tl.load(gu_ptr + row * gu_stride + inter + cols, mask=mask, other=0.0)
     gf = g.to(tl.float32)
-    s = _round(gf / (1.0 + tl.exp(-gf)), g.dtype)  # torch's silu, rounded
-    tl.store(out_ptr + row * out_stride + cols, _round(s * u.to(tl.float32), g.dtype).to(g.dtype),
-             mask=mask)
+    silu = _round(gf / (1.0 + tl.exp(-gf)), g.dtype)  # torch's silu, rounded
+    y = _round(silu * u.to(tl.float32), g.dtype)
+    if FP8:
+        quant_row(y, out_ptr + row * out_stride + cols, s_ptr + row, mask)
+    else:
+        tl.store(out_ptr + row * out_stride + cols, y.to(g.dtype), mask=mask)
 
 
 @triton.jit
@@ -178,30 +188,58 @@ class TritonFusedOps:
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """residual += x in place (without a residual, x becomes it), then
         (rms_norm(residual) * weight, residual). x, residual: [T, D]."""
+        return self._add_rms_norm(x, residual, weight, eps, False)
+
+    def add_rms_norm_fp8(self, x: torch.Tensor, residual: torch.Tensor | None,
+                         weight: torch.Tensor, eps: float) -> tuple[tuple, torch.Tensor]:
+        """add_rms_norm with the normed rows quantized for an FP8 layer (quant/fp8.py):
+        ((e4m3 [T, D], float32 scales [T, 1]), residual), the bits that quantize_rows_fp8 of
+        add_rms_norm's output would give, in one launch. The weight in x's dtype, D <= 16384."""
+        if weight.dtype != x.dtype or x.shape[-1] > FP8_MAX_K:
+            raise ValueError(f"add_rms_norm_fp8 takes a weight in x's dtype ({x.dtype}, not "
+                             f"{weight.dtype}) and rows of at most {FP8_MAX_K} values")
+        return self._add_rms_norm(x, residual, weight, eps, True)
+
+    def _add_rms_norm(self, x, residual, weight, eps, fp8: bool):
         x = _rows(x)
         has_res = residual is not None
         residual = _rows(residual) if has_res else x  # (a copy if not unit-stride: returned anyway)
         t, d = x.shape
-        out = torch.empty((t, d), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+        dtype = torch.float8_e4m3fn if fp8 else torch.promote_types(x.dtype, weight.dtype)
+        out = torch.empty((t, d), dtype=dtype, device=x.device)
+        scale = torch.empty(t, 1, dtype=torch.float32, device=x.device) if fp8 else out  # (unused)
         if t:
             block = triton.next_power_of_2(d)
             _add_rms_norm_kernel[(t,)](
-                x, residual, weight, out, x.stride(0), residual.stride(0), out.stride(0), d, eps,
-                HAS_RESIDUAL=has_res, BLOCK=block, num_warps=_norm_warps(block),
+                x, residual, weight, out, scale, x.stride(0), residual.stride(0), out.stride(0), d,
+                eps, HAS_RESIDUAL=has_res, FP8=fp8, BLOCK=block, num_warps=_norm_warps(block),
                 **_pdl(x.device))
-        return out, residual
+        return ((out, scale) if fp8 else out), residual
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """gate_up [T, 2I] -> silu(gate) * up [T, I]."""
+        return self._silu_mul(gate_up, False)
+
+    def silu_mul_fp8(self, gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """silu_mul quantized for an FP8 layer: (e4m3 [T, I], float32 scales [T, 1]) as
+        quantize_rows_fp8 of silu_mul's output, in one launch (a row a program). I <= 16384."""
+        if gate_up.shape[-1] > 2 * FP8_MAX_K:
+            raise ValueError(f"silu_mul_fp8 takes rows of at most 2 x {FP8_MAX_K} values")
+        return self._silu_mul(gate_up, True)
+
+    def _silu_mul(self, gate_up, fp8: bool):
         gate_up = _rows(gate_up)
         t, inter = gate_up.shape[0], gate_up.shape[1] // 2
-        out = torch.empty((t, inter), dtype=gate_up.dtype, device=gate_up.device)
+        out = torch.empty((t, inter), dtype=torch.float8_e4m3fn if fp8 else gate_up.dtype,
+                          device=gate_up.device)
+        scale = torch.empty(t, 1, dtype=torch.float32, device=gate_up.device) if fp8 else out
         if t:
-            block = min(triton.next_power_of_2(inter), 1024)
+            # FP8: the whole row in one program, for its max
+            block = triton.next_power_of_2(inter) if fp8 else min(triton.next_power_of_2(inter), 1024)
             _silu_mul_kernel[(t, triton.cdiv(inter, block))](
-                gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4,
-                **_pdl(gate_up.device))
-        return out
+                gate_up, out, scale, gate_up.stride(0), out.stride(0), inter, FP8=fp8, BLOCK=block,
+                num_warps=_norm_warps(block) if fp8 else 4, **_pdl(gate_up.device))
+        return (out, scale) if fp8 else out
 
     def rope_neox(self, qkv: torch.Tensor, num_heads: int, head_dim: int, cos: torch.Tensor,
                   sin: torch.Tensor) -> None:
