@@ -130,13 +130,15 @@ def _specs() -> list:
             (1, 4, False, 64, 2, 1, 1, 0), (1, 4, True, 64, 2, 2, 1, 0), (8, 4, False, 64, 2, 1, 1, 0),
             (1, 8, False, 64, 2, 2, 1, 2), (1, 4, False, 64, 2, 1, 1, 1), (8, 4, False, 64, 2, 1, 1, 2),
             (1, 8, False, 64, 2, 1, 0, 2)):
+        # even: whole tiles (N % BLOCK_N, K % TW == 0), W and its scales loaded without masks
+        even = bool(ln and xahead)
         specs.append((f"w4a16 dp4a rows={block_m} split={split}{' silu_mul' if silu else ''} "
-                      f"tiles={ln} GT={gt} depth={depth} xahead={xahead} norm={norm}",
+                      f"tiles={ln} GT={gt} depth={depth} xahead={xahead} norm={norm} even={even}",
                       ("w4a16", "_w4a16_dp4a_kernel"),
                       w4, dict(WPG=16, GT=gt, SPLIT=split, HAS_BIAS=True, SILU_MUL=silu, BLOCK_M=block_m,
                                BLOCK_N=128 // block_m, PDL=True, INTERPRET=False, KW_INTERPRET=0,
                                LN=ln, LW=16 if ln else 1, DEPTH=depth, XAHEAD=xahead,
-                               NORM=norm > 0, HAS_RES=norm == 2)))
+                               NORM=norm > 0, HAS_RES=norm == 2, EVEN=even)))
     for silu in (False, True):
         specs.append((f"w4a16 dp4a stream silu_mul={silu}", ("w4a16_stream", "_w4a16_stream_kernel"), w4,
                       dict(WPG=16, GT=2, HAS_BIAS=True, SILU_MUL=silu, BLOCK_N=128, PDL=True,

@@ -18,6 +18,7 @@ import torch
 triton = pytest.importorskip("triton")
 from nextok.kernels.triton.quant_linear import MAX_ROWS, w8a16  # noqa: E402
 from nextok.kernels.triton import int4_words as words4  # noqa: E402
+from nextok.kernels.triton import w4a16 as w4a16_mod  # noqa: E402
 from nextok.kernels.triton.w4a16 import w4a16  # noqa: E402
 from nextok.kernels.triton.w4a16_tiles import DP4A_ROWS  # noqa: E402
 from nextok.quant.int4 import (Int4Linear, dequantize_groups, pack_nibbles, pack_words,  # noqa: E402
@@ -200,6 +201,42 @@ def test_w4a16_loading_tiles_ahead_gives_the_same_products(monkeypatch, rows, ah
     assert torch.equal(w4a16(x, words, d, m, b), want)
     assert torch.equal(w4a16(x, tiled, d, m, b, layout=TILES), want)
     assert torch.equal(w4a16(gate_up, tiled, d, m, b, silu_mul=True, layout=TILES), want_silu)
+
+
+@pytest.mark.parametrize("ahead", [dict(), dict(DEPTH=2, XAHEAD=1)], ids=str)
+@pytest.mark.parametrize("rows", [1, 5])
+def test_w4a16_on_whole_tiles_drops_the_masks_and_gives_the_same_products(monkeypatch, rows, ahead):
+    """N a multiple of BLOCK_N and K of the tile's words (EVEN): W and its scales are loaded
+    without masks, a tile past K reloads the last one, and the products are bit-identical to
+    the masked kernel's (another BLOCK_N with N not a multiple of it: rows are summed alike),
+    with K split into whole tiles, uneven runs of them, and splits left empty."""
+    from nextok.kernels.triton import w4a16_tiles
+
+    n, k, group = 48, 192, 32  # K: 24 words, 3 tiles of 8 (GT 2 groups of 4 words)
+    w, x, b = _data(torch.bfloat16, n, k, rows)
+    q, d, m = quantize_groups(w, group)
+    words, d, m = pack_words(q).to(DEVICE), d.to(DEVICE), m.to(DEVICE)
+    tiled = words4.tile_words(words, (4, 4))
+    seen = []  # each launch's EVEN
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["EVEN"])
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    kernel = w4a16_mod._w4a16_dp4a_kernel
+    monkeypatch.setattr(w4a16_mod, "_w4a16_dp4a_kernel", Recording())
+    config = w4a16_tiles.config
+    for split in (1, 2, 3, 5):
+        results = []
+        for block_n in (16, 32):  # 48 % 16 == 0: EVEN; 48 % 32 != 0
+            tile = dict(BLOCK_N=block_n, GT=2, SPLIT=split, **ahead)
+            monkeypatch.setattr(w4a16_tiles, "config", lambda *a, t=tile: (lambda dot, cfg: (dot, dict(cfg, **t)))(*config(*a)))
+            results += [w4a16(x, words, d, m, b), w4a16(x, tiled, d, m, b, layout=(4, 4))]
+        assert seen[-4:] == [True, True, False, False]
+        assert all(torch.equal(r, results[0]) for r in results[1:]), split
 
 
 @pytest.mark.parametrize("programs", [1, 3, 7, 40])
