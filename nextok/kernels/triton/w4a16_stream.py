@@ -53,7 +53,7 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, cou
     sc_next = _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, BLOCK_N, WPG, GT)
     pdl_wait(PDL)
     x_next = _x_tile(x_rows, kw0 + xword, True, 0, KW, KW, SILU_MUL)
-    acc = tl.zeros([1, BLOCK_N, GT], dtype=tl.float32)
+    acc = tl.zeros([1, BLOCK_N, GT, WPG // 4], dtype=tl.float32)
     # (the interpreter cannot loop between runtime bounds: a while loop there, as in
     # attention.py; compiled code keeps the for loop)
     if INTERPRET:
@@ -95,7 +95,7 @@ def _stream_step(acc, w_next, sc_next, x_next, r, kw0, more, T, total, P, pid, w
     acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, 1, BLOCK_N, GT,
                          WPG, INTERPRET)
     if last_k | (not more):
-        _stream_flush(tl.sum(acc, axis=2), r, r * BLOCK_N + lane, T, total, P, pid, b_ptr, y_ptr,
+        _stream_flush(tl.sum(tl.sum(acc, axis=3), axis=2), r, r * BLOCK_N + lane, T, total, P, pid, b_ptr, y_ptr,
                       part_ptr, count_ptr, N, HAS_BIAS)
         acc = tl.zeros_like(acc)
     return acc, w_next, sc_next, x_next, r_next, kw_next
