@@ -44,8 +44,14 @@ ROW_COUNTS = [int(r) for r in os.environ.get("PROBE_ROWS", "1,4,8").split(",")] 
 # TW 32 only, the best at every 8B shape on both cards (2026-12-05), and XAHEAD 1, the best at
 # each on the H200 (2026-12-05 night). BLOCK_N 256: 8 rows a thread at 4 warps share each x
 # word's preparation, 15.1 instructions a word of W on sm_90 against 16.9 at 128 (whole tiles).
-DP4A = [dict(BLOCK_N=bn, TW=32, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1, DEPTH=dp, XAHEAD=1)
-        for bn, nw, sp, dp in itertools.product((64, 128, 256), (4, 8), (2, 4, 8, 16), (1, 2))]
+# UNROLL: the loop in turns of DEPTH + 1 tiles with buffers of their own (no moves; at DEPTH 2
+# the loads really two tiles ahead): 479 / 477 instructions a tile at gate_up's, 294 at down's
+# (BLOCK_N 64, DEPTH 2), against 512 and 336 (sm_90). BLOCK_N 256 with UNROLL spills.
+DP4A = [dict(BLOCK_N=bn, TW=32, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1, DEPTH=dp, XAHEAD=1,
+             UNROLL=un)
+        for bn, nw, sp, dp, un in itertools.product((64, 128, 256), (4, 8), (2, 4, 8), (1, 2), (0, 1))
+        if not (bn == 256 and (un or dp == 2)) and not (bn == 64 and nw == 8)]
+# (SPLIT 16 and BLOCK_N 64 at 8 warps were never among the five best at an 8B shape, 2026-12-05)
 # and one row as a stream (_w4a16_stream_kernel) on 1-4 programs an SM (PROBE_STREAM=0: not)
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 if os.environ.get("PROBE_STREAM", "1") != "0":

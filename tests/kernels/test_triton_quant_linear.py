@@ -181,12 +181,14 @@ def test_committed_tile_tables_are_well_formed():
                     assert isinstance(tile.get("STREAM", 0), int) and tile.get("STREAM", 0) >= 0, (path, shape)
 
 
-@pytest.mark.parametrize("ahead", [dict(DEPTH=2), dict(XAHEAD=1), dict(DEPTH=2, XAHEAD=1)], ids=str)
+@pytest.mark.parametrize("ahead", [dict(DEPTH=2), dict(XAHEAD=1), dict(DEPTH=2, XAHEAD=1),
+                                   dict(XAHEAD=1, UNROLL=1), dict(DEPTH=2, XAHEAD=1, UNROLL=1)], ids=str)
 @pytest.mark.parametrize("rows", [1, 5])
 def test_w4a16_loading_tiles_ahead_gives_the_same_products(monkeypatch, rows, ahead):
-    """DEPTH 2 (the one-to-eight-row kernel loads W two tiles ahead) and XAHEAD (x's tiles one
-    ahead too) change when things are loaded, not what is added: bit-identical to neither, on
-    tiled and row-major words, and with silu(gate) * up taken in."""
+    """DEPTH 2 (the one-to-eight-row kernel loads W two tiles ahead), XAHEAD (x's tiles one
+    ahead too) and UNROLL (DEPTH + 1 tiles a turn in buffers of their own) change when things
+    are loaded, not what is added: bit-identical to none, on tiled and row-major words, and
+    with silu(gate) * up taken in."""
     from nextok.kernels.triton import w4a16_tiles
 
     n, k, group = SHAPES[0]
@@ -203,7 +205,7 @@ def test_w4a16_loading_tiles_ahead_gives_the_same_products(monkeypatch, rows, ah
     assert torch.equal(w4a16(gate_up, tiled, d, m, b, silu_mul=True, layout=TILES), want_silu)
 
 
-@pytest.mark.parametrize("ahead", [dict(), dict(DEPTH=2, XAHEAD=1)], ids=str)
+@pytest.mark.parametrize("ahead", [dict(), dict(DEPTH=2, XAHEAD=1), dict(DEPTH=2, XAHEAD=1, UNROLL=1)], ids=str)
 @pytest.mark.parametrize("rows", [1, 5])
 def test_w4a16_on_whole_tiles_drops_the_masks_and_gives_the_same_products(monkeypatch, rows, ahead):
     """N a multiple of BLOCK_N and K of the tile's words (EVEN): W and its scales are loaded
@@ -329,6 +331,14 @@ def test_w4a16_takes_the_add_and_norm_before_it(residual, rows, monkeypatch):
     y_tiled, _ = w4a16(x, tiled, *args[1:], b, layout=TILES,
                        norm=(None if res is None else res_before.clone(), nw, 1e-5))
     assert torch.equal(y_tiled, y)
+    from nextok.kernels.triton import w4a16_tiles  # the loop in turns of buffers: the same sums
+
+    config = w4a16_tiles.config
+    monkeypatch.setattr(w4a16_tiles, "config", lambda *a: (lambda dot, cfg: (
+        dot, dict(cfg, XAHEAD=1, UNROLL=1) if not dot else cfg))(*config(*a)))
+    y_unrolled, _ = w4a16(x, *args, b, norm=(None if res is None else res_before.clone(), nw, 1e-5))
+    assert torch.equal(y_unrolled, y)
+    monkeypatch.setattr(w4a16_tiles, "config", config)
     # the layer's entry point (model/layers.py norm_then_linear) gives the same on every device
     norm = RMSNorm(k, 1e-5).to(DEVICE, dtype)
     norm.weight.data.copy_(nw)

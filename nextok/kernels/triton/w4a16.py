@@ -132,6 +132,19 @@ def _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG: tl.constexpr, GT: 
 
 
 @triton.jit
+def _tile_loads(w_tile, wword, kw0, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, x_rows, r_rows,
+                nw_ptr, col, xword, xrow_ok, rstd, TW: tl.constexpr, WPG: tl.constexpr,
+                GT: tl.constexpr, LN: tl.constexpr, EVEN: tl.constexpr, SILU_MUL: tl.constexpr,
+                NORM: tl.constexpr, HAS_RES: tl.constexpr):
+    # everything the tile at word kw0 multiplies: (W's words, x, up, d, m) (UNROLL's buffers)
+    w = _w_tile(w_tile, wword, kw0, n_ok4, kw_lo, kw_hi, KW - TW, LN, EVEN)
+    d, mn = _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG, GT, EVEN)
+    x, up = _in_tile(x_rows, r_rows, nw_ptr, col, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, rstd,
+                     SILU_MUL, NORM, HAS_RES)
+    return w, x, up, d, mn
+
+
+@triton.jit
 def _tile_products(acc, w, x, up, d, mn, x_dtype: tl.constexpr, SILU_MUL: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GT: tl.constexpr,
                    WPG: tl.constexpr, INTERPRET: tl.constexpr):
@@ -174,7 +187,7 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                        INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr, LN: tl.constexpr,
                        LW: tl.constexpr, DEPTH: tl.constexpr, XAHEAD: tl.constexpr,
-                       EVEN: tl.constexpr):
+                       EVEN: tl.constexpr, UNROLL: tl.constexpr = 0):
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),): a program takes BLOCK_M rows of x,
     # BLOCK_N rows of W and a SPLIT-th of K; the programs of one tile of W run side by side, so
     # its bytes come from DRAM once. x [M, 8 KW]; words [N, KW]; d, m [N, G]; y [M, N]. A tile:
@@ -254,24 +267,66 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     if XAHEAD:
         x_next, up_next = _in_tile(x_rows, r_rows, nw_ptr, col, kw_start + xword, xrow_ok, kw_lo,
                                    kw_hi, KW, rstd, SILU_MUL, NORM, HAS_RES)
-    for kw0 in range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi, TW):
-        w = w_next
+    # UNROLL (with XAHEAD): the loop takes DEPTH + 1 tiles a turn, each in buffers of its own
+    # (a, b[, c]), each buffer loaded right after its tile is multiplied, DEPTH tiles ahead.
+    # Without it, the tile ahead moves into the current one's registers at the end of every
+    # turn: on sm_90 32 moves a tile at gate_up's (of 512 instructions), and a move waits for
+    # its load, so at DEPTH 2 the turn waited for the tile it had just asked for: one ahead in
+    # effect. The loop's last turn may hold fewer tiles than DEPTH + 1 (the `if`s).
+    if UNROLL:
+        a_w, a_x, a_up, a_d, a_m = w_next, x_next, up_next, d_next, mn_next
         if DEPTH == 2:
-            w_next = w_after
-            w_after = _w_tile(w_tile, wword, kw0 + 2 * TW, n_ok4, kw_lo, kw_hi, KW - TW, LN, EVEN)
-        else:
-            w_next = _w_tile(w_tile, wword, kw0 + TW, n_ok4, kw_lo, kw_hi, KW - TW, LN, EVEN)
-        if XAHEAD:
-            x, up, d, mn = x_next, up_next, d_next, mn_next
-            x_next, up_next = _in_tile(x_rows, r_rows, nw_ptr, col, kw0 + TW + xword, xrow_ok,
-                                       kw_lo, kw_hi, KW, rstd, SILU_MUL, NORM, HAS_RES)
-            d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw0 + TW, kw_lo, kw_hi, G, WPG, GT, EVEN)
-        else:
-            x, up = _in_tile(x_rows, r_rows, nw_ptr, col, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW,
-                             rstd, SILU_MUL, NORM, HAS_RES)
-            d, mn = _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG, GT, EVEN)
-        acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, BLOCK_M,
-                             BLOCK_N, GT, WPG, INTERPRET)
+            b_w = w_after
+            b_d, b_m = _scales(d_ptr, m_ptr, n, n_ok, kw_start + TW, kw_lo, kw_hi, G, WPG, GT, EVEN)
+            b_x, b_up = _in_tile(x_rows, r_rows, nw_ptr, col, kw_start + TW + xword, xrow_ok, kw_lo,
+                                 kw_hi, KW, rstd, SILU_MUL, NORM, HAS_RES)
+        for kw0 in range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi,
+                         (DEPTH + 1) * TW):
+            if DEPTH == 1:
+                b_w, b_x, b_up, b_d, b_m = _tile_loads(
+                    w_tile, wword, kw0 + TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, x_rows,
+                    r_rows, nw_ptr, col, xword, xrow_ok, rstd, TW, WPG, GT, LN, EVEN, SILU_MUL, NORM, HAS_RES)
+            else:
+                c_w, c_x, c_up, c_d, c_m = _tile_loads(
+                    w_tile, wword, kw0 + 2 * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G,
+                    x_rows, r_rows, nw_ptr, col, xword, xrow_ok, rstd, TW, WPG, GT, LN, EVEN, SILU_MUL,
+                    NORM, HAS_RES)
+            acc = _tile_products(acc, a_w, a_x, a_up, a_d, a_m, x_ptr.dtype.element_ty, SILU_MUL,
+                                 BLOCK_M, BLOCK_N, GT, WPG, INTERPRET)
+            a_w, a_x, a_up, a_d, a_m = _tile_loads(
+                w_tile, wword, kw0 + (DEPTH + 1) * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok,
+                G, x_rows, r_rows, nw_ptr, col, xword, xrow_ok, rstd, TW, WPG, GT, LN, EVEN, SILU_MUL,
+                NORM, HAS_RES)
+            if kw0 + TW < (KW_INTERPRET if INTERPRET else kw_hi):
+                acc = _tile_products(acc, b_w, b_x, b_up, b_d, b_m, x_ptr.dtype.element_ty, SILU_MUL,
+                                     BLOCK_M, BLOCK_N, GT, WPG, INTERPRET)
+            if DEPTH == 2:
+                b_w, b_x, b_up, b_d, b_m = _tile_loads(
+                    w_tile, wword, kw0 + 4 * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G,
+                    x_rows, r_rows, nw_ptr, col, xword, xrow_ok, rstd, TW, WPG, GT, LN, EVEN, SILU_MUL,
+                    NORM, HAS_RES)
+                if kw0 + 2 * TW < (KW_INTERPRET if INTERPRET else kw_hi):
+                    acc = _tile_products(acc, c_w, c_x, c_up, c_d, c_m, x_ptr.dtype.element_ty,
+                                         SILU_MUL, BLOCK_M, BLOCK_N, GT, WPG, INTERPRET)
+    if not UNROLL:
+        for kw0 in range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi, TW):
+            w = w_next
+            if DEPTH == 2:
+                w_next = w_after
+                w_after = _w_tile(w_tile, wword, kw0 + 2 * TW, n_ok4, kw_lo, kw_hi, KW - TW, LN, EVEN)
+            else:
+                w_next = _w_tile(w_tile, wword, kw0 + TW, n_ok4, kw_lo, kw_hi, KW - TW, LN, EVEN)
+            if XAHEAD:
+                x, up, d, mn = x_next, up_next, d_next, mn_next
+                x_next, up_next = _in_tile(x_rows, r_rows, nw_ptr, col, kw0 + TW + xword, xrow_ok,
+                                           kw_lo, kw_hi, KW, rstd, SILU_MUL, NORM, HAS_RES)
+                d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw0 + TW, kw_lo, kw_hi, G, WPG, GT, EVEN)
+            else:
+                x, up = _in_tile(x_rows, r_rows, nw_ptr, col, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW,
+                                 rstd, SILU_MUL, NORM, HAS_RES)
+                d, mn = _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG, GT, EVEN)
+            acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, BLOCK_M,
+                                 BLOCK_N, GT, WPG, INTERPRET)
     out = tl.sum(tl.sum(acc, axis=3), axis=2)  # [BLOCK_M, BLOCK_N]
     ym = rows[:, None] * s_ym + n[None, :]
     y_ok = row_ok[:, None] & n_ok[None, :]
