@@ -30,7 +30,7 @@ def _dp4a(a, b, c, B_SIGNED: tl.constexpr, INTERPRET: tl.constexpr):
 
 @triton.jit
 def _bytes(v):
-    # [BLOCK_M, GT, WPG, 4] int32, of which the low bytes count -> [BLOCK_M, 1, GT, WPG] words,
+    # [BLOCK_M, GT, WPG, 4] int32, of which the low bytes count -> [BLOCK_M, GT, WPG] words,
     # element k in byte k
     k = tl.arange(0, 4)[None, None, None, :]
-    return tl.sum((v & 0xFF) << (8 * k), axis=3)[:, None, :, :]
+    return tl.sum((v & 0xFF) << (8 * k), axis=3)
