@@ -173,10 +173,11 @@ def test_committed_tile_tables_are_well_formed():
                 if tile.get("dot"):
                     assert cls == "8", path
                     continue
-                assert tile["TW"] % words4.LAYOUT[1] == 0 and tile["BLOCK_N"] in (16, 32, 64, 128), (path, shape)
+                assert tile["TW"] % words4.LAYOUT[1] == 0 and tile["BLOCK_N"] in (16, 32, 64, 128, 256), (path, shape)
                 if cls != "16":
                     assert tile["BLOCK_M"] == int(cls) and tile["SPLIT"] in (1, 2, 4, 8, 16), (path, shape)
                     assert tile.get("DEPTH", 1) in (1, 2) and tile.get("XAHEAD", 0) in (0, 1), (path, shape)
+                    assert tile.get("UNROLL", 0) in (0, tile.get("XAHEAD", 0)), (path, shape)  # needs XAHEAD
                     assert cls == "1" or "STREAM" not in tile, (path, shape)  # one row only
                     assert isinstance(tile.get("STREAM", 0), int) and tile.get("STREAM", 0) >= 0, (path, shape)
 
