@@ -65,10 +65,6 @@ w4a16)
     for r in $(seq 1 ${ROUNDS:-2}); do
         [ -z "${SKIP_BF16:-}" ] && { step "8B decode step, bf16 (round $r)"; latency bf16-r$r; }
         step "8B decode step, int4 W4A16 (round $r)"; latency int4-r$r --quantization int4
-        if [ -n "${NORM_AB:-}" ]; then  # the norms in the matmul (quant/int4.py)
-            step "8B decode step, int4 W4A16, add + RMSNorm in the matmul (round $r)"
-            NEXTOK_W4A16_NORM=1 latency int4-fused-norms-r$r --quantization int4
-        fi
         if [ -n "${LM_HEAD:-}" ]; then
             step "8B decode step, int4 W4A16 with an int4 lm_head (round $r)"
             latency int4-lm-head-r$r --quantization int4 --quantize-lm-head
@@ -138,16 +134,16 @@ plan)
     # What item 4 still needs, most needed first, under one call's deadline (DEADLINE=S; a step
     # that would not finish is skipped): the CUDA tests of what changed (FP8's fused producers,
     # W4A16's whole tiles and unrolled loop, attention on quantized caches), the FP8 throughput
-    # pair, the 8B step on the committed tiles: bf16, int4, int4 with the norms in the matmul.
+    # pair, the 8B step on the committed tiles: bf16, int4 (LM_HEAD=1: int4 with an int4 lm_head).
     # SWEEP=1: first the one-row W4A16 sweep, and the steps on its table.
     Q=tests/kernels/test_triton_quant_linear.py
-    TESTS="tests/quant/test_fp8.py $Q::test_w4a16_loading_tiles_ahead_gives_the_same_products $Q::test_w4a16_on_whole_tiles_drops_the_masks_and_gives_the_same_products $Q::test_w4a16_takes_the_add_and_norm_before_it tests/kernels/test_triton_attention.py" \
+    TESTS="tests/quant/test_fp8.py $Q::test_w4a16_loading_tiles_ahead_gives_the_same_products $Q::test_w4a16_on_whole_tiles_drops_the_masks_and_gives_the_same_products tests/kernels/test_triton_attention.py" \
         T_TESTS=${T_TESTS:-60} bash "$0" tests
     TP_RUNS="bf16 fp8kv" KV_KINDS="" T_TP=100 bash "$0" fp8-kv
     if [ -n "${SWEEP:-}" ]; then
-        PROBE_ROWS=1 T_PROBE=${T_PROBE:-170} NORM_AB=1 SKIP_TESTS=1 ROUNDS=1 T_LAT=60 bash "$0" w4a16
+        PROBE_ROWS=1 T_PROBE=${T_PROBE:-170} SKIP_TESTS=1 ROUNDS=1 T_LAT=60 bash "$0" w4a16
     else
-        NORM_AB=1 SKIP_TESTS=1 SKIP_PROBE=1 ROUNDS=1 T_LAT=60 bash "$0" w4a16
+        SKIP_TESTS=1 SKIP_PROBE=1 ROUNDS=1 T_LAT=60 bash "$0" w4a16
     fi
     ;;
 *)

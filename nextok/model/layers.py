@@ -119,8 +119,7 @@ def add_norm(norm: RMSNorm, x: torch.Tensor,
 def norm_then_linear(norm: RMSNorm, linear: nn.Module, x: torch.Tensor,
                      residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(linear(norm(x + residual)), x + residual) (add_norm). A layer with `forward_add_norm`
-    (quant/int4.py) takes the add and the norm into its own kernel where it can: at batch 1 a
-    launch less per norm."""
+    (quant/fp8.py) has the norm's kernel write its input as it takes it (FP8: quantized)."""
     if norm.fused is not None and hasattr(linear, "forward_add_norm"):
         return linear.forward_add_norm(x, residual, norm)
     h, residual = add_norm(norm, x, residual)

@@ -16,7 +16,6 @@ rounded to float16 first, so every path holds the same dequantized weights.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 from torch import nn
@@ -90,13 +89,6 @@ def zero_point_blocks(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor) -> torc
     return q4_1_blocks(q, s.to(torch.float16), (-(z.float() * s.float())).to(torch.float16))
 
 
-# NEXTOK_W4A16_NORM=1: the add + RMSNorm before qkv and gate_up inside the W4A16 kernel
-# (forward_add_norm). Opt-in until a GPU has timed it against the separate norm kernels: on
-# sm_90 it adds 50 instructions to gate_up's 624-instruction tile loop and saves 64 launches a
-# step of an 8B model (benchmarks/gpu/issue7.sh w4a16 with NORM_AB=1 times both).
-_FUSE_NORM = os.environ.get("NEXTOK_W4A16_NORM", "0") == "1"
-
-
 class Int4Linear(nn.Module):
     """y = x @ (d * q + m).T + bias. x: [T, in] -> [T, out]; q as packed nibbles."""
 
@@ -167,22 +159,6 @@ class Int4Linear(nn.Module):
             return w4a16(gate_up, self.qweight, self.scales, self.mins, bias, silu_mul=True,
                          layout=self.layout)
         return self(ops.silu_mul(gate_up))
-
-    def forward_add_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm):
-        """self(norm(x + residual)) and the new residual, x + residual (x if None), for the RMSNorm
-        `norm` before this layer (model/layers.py norm_then_linear): on CUDA, decode-sized steps
-        add and norm in the kernel (one launch less); else the norm's own path first."""
-        if (_FUSE_NORM and self._kernel_step(x) and x.stride(-1) == 1
-                and (residual is None or residual.stride(-1) == 1)):
-            from nextok.kernels.triton.w4a16 import w4a16
-
-            bias = None if self.bias is None else self.bias.to(x.dtype)
-            return w4a16(x, self.qweight, self.scales, self.mins, bias, layout=self.layout,
-                         norm=(residual, norm.weight, norm.eps))
-        from nextok.model.layers import add_norm
-
-        h, residual = add_norm(norm, x, residual)
-        return self(h), residual
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, int4 groups of " \

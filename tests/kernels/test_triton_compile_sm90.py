@@ -120,26 +120,24 @@ def _specs() -> list:
                       dict(w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", out_ptr="*bf16"),
                       dict(WPG=16, BLOCK_N=16, BLOCK_W=64, LN=ln, LW=lw)))
     w4 = dict(x_ptr="*bf16", w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", b_ptr="*fp16", y_ptr="*bf16",
-              part_ptr="*fp32", count_ptr="*i32", r_ptr="*bf16", nw_ptr="*bf16", r_out_ptr="*bf16",
-              eps="fp32")
-    # norm: 0 none, 1 the norm of x, 2 of x + residual; xahead 2: XAHEAD with UNROLL
-    for block_m, split, silu, ln, gt, depth, xahead, norm in (
-            (1, 8, False, 0, 2, 1, 0, 0), (1, 1, False, 0, 2, 1, 0, 0), (8, 4, False, 0, 2, 1, 0, 0),
-            (1, 2, True, 0, 2, 1, 0, 0), (1, 8, False, 64, 2, 1, 0, 0), (1, 8, True, 64, 1, 1, 0, 0),
-            (4, 4, False, 64, 2, 1, 0, 0), (1, 4, False, 64, 2, 2, 0, 0), (1, 4, True, 64, 2, 2, 0, 0),
-            (1, 4, False, 64, 2, 1, 1, 0), (1, 4, True, 64, 2, 2, 1, 0), (8, 4, False, 64, 2, 1, 1, 0),
-            (1, 8, False, 64, 2, 2, 1, 2), (1, 4, False, 64, 2, 1, 1, 1), (8, 4, False, 64, 2, 1, 1, 2),
-            (1, 8, False, 64, 2, 1, 0, 2), (1, 4, False, 64, 2, 1, 2, 0), (1, 8, True, 64, 2, 2, 2, 0),
-            (1, 4, False, 64, 2, 1, 2, 2), (1, 8, False, 64, 2, 2, 2, 0)):
+              part_ptr="*fp32", count_ptr="*i32")
+    # xahead 2: XAHEAD with UNROLL
+    for block_m, split, silu, ln, gt, depth, xahead in (
+            (1, 8, False, 0, 2, 1, 0), (1, 1, False, 0, 2, 1, 0), (8, 4, False, 0, 2, 1, 0),
+            (1, 2, True, 0, 2, 1, 0), (1, 8, False, 64, 2, 1, 0), (1, 8, True, 64, 1, 1, 0),
+            (4, 4, False, 64, 2, 1, 0), (1, 4, False, 64, 2, 2, 0), (1, 4, True, 64, 2, 2, 0),
+            (1, 4, False, 64, 2, 1, 1), (1, 4, True, 64, 2, 2, 1), (8, 4, False, 64, 2, 1, 1),
+            (1, 8, False, 64, 2, 2, 1), (1, 4, False, 64, 2, 1, 2), (1, 8, True, 64, 2, 2, 2),
+            (1, 8, False, 64, 2, 2, 2), (4, 4, False, 64, 2, 1, 2)):
         # even: whole tiles (N % BLOCK_N, K % TW == 0), W and its scales loaded without masks
         even = bool(ln and xahead)
         specs.append((f"w4a16 dp4a rows={block_m} split={split}{' silu_mul' if silu else ''} "
-                      f"tiles={ln} GT={gt} depth={depth} xahead={xahead} norm={norm} even={even}",
+                      f"tiles={ln} GT={gt} depth={depth} xahead={xahead} even={even}",
                       ("w4a16", "_w4a16_dp4a_kernel"),
                       w4, dict(WPG=16, GT=gt, SPLIT=split, HAS_BIAS=True, SILU_MUL=silu, BLOCK_M=block_m,
                                BLOCK_N=128 // block_m, PDL=True, INTERPRET=False, KW_INTERPRET=0,
                                LN=ln, LW=16 if ln else 1, DEPTH=depth, XAHEAD=xahead > 0, UNROLL=xahead == 2,
-                               NORM=norm > 0, HAS_RES=norm == 2, EVEN=even)))
+                               EVEN=even)))
     for silu in (False, True):
         specs.append((f"w4a16 dp4a stream silu_mul={silu}", ("w4a16_stream", "_w4a16_stream_kernel"), w4,
                       dict(WPG=16, GT=2, HAS_BIAS=True, SILU_MUL=silu, BLOCK_N=128, PDL=True,

@@ -49,18 +49,13 @@ def _slots(table, positions):
 
 
 @pytest.mark.parametrize("quant", [None, "int4"])
-def test_fused_decode_step_equals_the_torch_path(quant, monkeypatch):
-    """quant int4: the layers as Int4Linear, whose qkv and gate_up projections take the add +
-    RMSNorm before them (model/layers.py norm_then_linear): in the W4A16 kernel on CUDA, in
-    bfloat16; here their fallback, the norm's own fused op first."""
+def test_fused_decode_step_equals_the_torch_path(quant):
+    """quant int4: the layers as Int4Linear (on CUDA the W4A16 kernels, in bfloat16)."""
     model, (tables, num_blocks) = _model(), _tables()
     dtype = torch.float32
     if quant:
-        from nextok.quant import int4
         from nextok.quant.base import quantize_model
         from nextok.quant.int4 import Int4RoundToNearest
-
-        monkeypatch.setattr(int4, "_FUSE_NORM", True)  # opt-in (NEXTOK_W4A16_NORM=1)
 
         dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
         model = model.to(dtype)

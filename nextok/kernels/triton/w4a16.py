@@ -30,7 +30,9 @@ Measured on an H200 (2026-12-04, benchmarks/gpu/w4a16_probe.py; results
 and the 8B step took 3.93 ms against bf16's 4.17; a tensor-core variant was slower (6.36 ms).
 The dp4a kernel (2026-12-05, 2026-12-05-h200.md): one 8B layer's matmuls 49.6 us against bf16's
 109.8 at one row (gate_up reads 2.64 TB/s of packed bytes), the 8B step 2.31 ms against 4.19;
-at 8 rows it is still slower than bf16's GEMV (5.86 vs 4.61 ms a step).
+at 8 rows it is still slower than bf16's GEMV (5.86 vs 4.61 ms a step). H100 (2026-12-06,
+2026-12-06-h100.md), after the loop's changes below (whole tiles, UNROLL, sums per run of 4
+words, operands moved in one tensor): the 8B step 2.53 ms against bf16's 5.75 at one row.
 """
 from __future__ import annotations
 
@@ -75,47 +77,6 @@ def _x_tile(x_rows, xw, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL: tl.constexpr):
 
 
 @triton.jit
-def _norm_rstd(x_row, r_row, r_out_row, row_ok, K, eps, write, HAS_RES: tl.constexpr,
-               BLOCK_M: tl.constexpr, NB: tl.constexpr):
-    # NORM's prologue over the program's rows (x_row, r_row, r_out_row: [BLOCK_M, 1] pointers
-    # to their first columns): h = x + residual (HAS_RES; else x) over all K columns, rounded as
-    # fused.py's add + RMSNorm kernel rounds it; `write`: this program also stores h, the new
-    # residual, to r_out (one program of the grid does: the others may still read the old one).
-    # -> rstd [BLOCK_M, 1] float32
-    acc = tl.zeros([BLOCK_M, NB], dtype=tl.float32)
-    for k0 in range(0, K, NB):
-        cols = k0 + tl.arange(0, NB)[None, :]
-        ok = row_ok & (cols < K)
-        h = tl.load(x_row + cols, mask=ok, other=0.0)
-        if HAS_RES:
-            r = tl.load(r_row + cols, mask=ok, other=0.0)
-            h = _round(h.to(tl.float32) + r.to(tl.float32), h.dtype).to(h.dtype)
-            tl.store(r_out_row + cols, h, mask=ok & write)
-        hf = h.to(tl.float32)
-        acc += hf * hf
-    return tl.rsqrt(tl.sum(acc, axis=1) / K + eps)[:, None]
-
-
-@triton.jit
-def _in_tile(x_rows, r_rows, nw_ptr, col, xw, xrow_ok, kw_lo, kw_hi, KW, rstd,
-             SILU_MUL: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr):
-    # _x_tile's (x, up), and with NORM x as RMSNorm's output: round(round(h rstd) w), h = x +
-    # residual (r_rows: the residual's words as x_rows are x's), w the norm's weight (nw_ptr,
-    # col: [1, 1, 1, 8] the column in a word), rstd [BLOCK_M, 1, 1, 1] from _norm_rstd
-    x, up = _x_tile(x_rows, xw, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
-    if NORM:
-        x_ok = xrow_ok & (xw >= kw_lo) & (xw < kw_hi)
-        h = x.to(tl.float32)
-        if HAS_RES:
-            r = tl.load(r_rows + xw * 8, mask=x_ok, other=0.0)
-            h = _round(h + r.to(tl.float32), x.dtype)
-        w = tl.load(nw_ptr + xw * 8 + col, mask=(xw >= kw_lo) & (xw < kw_hi), other=0.0)
-        x = _round(_round(h * rstd, x.dtype) * w.to(tl.float32), x.dtype).to(x.dtype)
-        up = x
-    return x, up
-
-
-@triton.jit
 def _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG: tl.constexpr, GT: tl.constexpr,
             EVEN: tl.constexpr = False):
     # d and m of the GT groups from word kw0 of rows n, float32 [1, BLOCK_N, GT] (EVEN: as
@@ -132,15 +93,13 @@ def _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG: tl.constexpr, GT: 
 
 
 @triton.jit
-def _tile_loads(w_tile, wword, kw0, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, x_rows, r_rows,
-                nw_ptr, col, xword, xrow_ok, rstd, TW: tl.constexpr, WPG: tl.constexpr,
-                GT: tl.constexpr, LN: tl.constexpr, EVEN: tl.constexpr, SILU_MUL: tl.constexpr,
-                NORM: tl.constexpr, HAS_RES: tl.constexpr):
+def _tile_loads(w_tile, wword, kw0, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, x_rows, xword,
+                xrow_ok, TW: tl.constexpr, WPG: tl.constexpr, GT: tl.constexpr, LN: tl.constexpr,
+                EVEN: tl.constexpr, SILU_MUL: tl.constexpr):
     # everything the tile at word kw0 multiplies: (W's words, x, up, d, m) (UNROLL's buffers)
     w = _w_tile(w_tile, wword, kw0, n_ok4, kw_lo, kw_hi, KW - TW, LN, EVEN)
     d, mn = _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG, GT, EVEN)
-    x, up = _in_tile(x_rows, r_rows, nw_ptr, col, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, rstd,
-                     SILU_MUL, NORM, HAS_RES)
+    x, up = _x_tile(x_rows, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
     return w, x, up, d, mn
 
 
@@ -187,10 +146,8 @@ def _tile_products(acc, w, x, up, d, mn, x_dtype: tl.constexpr, SILU_MUL: tl.con
 
 @triton.jit
 def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-                       r_ptr, nw_ptr, r_out_ptr, eps,
-                       M, N, KW, G, s_xm, s_ym, s_rm, WPG: tl.constexpr, GT: tl.constexpr,
+                       M, N, KW, G, s_xm, s_ym, WPG: tl.constexpr, GT: tl.constexpr,
                        SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
-                       NORM: tl.constexpr, HAS_RES: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                        INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr, LN: tl.constexpr,
                        LW: tl.constexpr, DEPTH: tl.constexpr, XAHEAD: tl.constexpr,
@@ -205,11 +162,6 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     # SILU_MUL: x's rows are an MLP's gate and up halves, [M, 16 KW], and the kernel multiplies
     # silu(gate) * up, rounded as the separate silu_mul kernel (fused.py) rounds it: the down
     # projection without that kernel's launch and round trip through memory.
-    # NORM: x is the output before an RMSNorm (weight nw [8 KW], eps) and HAS_RES its residual
-    # r [M, 8 KW] (row stride s_rm, also r_out's): the kernel takes x + r, normed, as its input,
-    # and its first program writes x + r to r_out: the add + RMSNorm kernel (fused.py) and its
-    # launch folded in (each program reads the whole row of x and r for the norm: 16 KB from L2
-    # at K 4096).
     TW: tl.constexpr = GT * WPG
     mb = tl.cdiv(M, BLOCK_M)
     rblock = tl.program_id(0) % mb
@@ -260,20 +212,11 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     # night): every one-row 8B shape's best tile takes it; with DEPTH 2 where that pays, a
     # layer's four matmuls 50.7 -> 48.3 us.
     x_rows = x_ptr + xrow * s_xm + col
-    r_rows = r_ptr + xrow * s_rm + col
     if XAHEAD:
         d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw_start, kw_lo, kw_hi, G, WPG, GT, EVEN)
     pdl_wait(PDL)
-    rstd = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
-    if NORM:
-        rstd = _norm_rstd(x_ptr + rows[:, None] * s_xm, r_ptr + rows[:, None] * s_rm,
-                          r_out_ptr + rows[:, None] * s_rm, row_ok[:, None],
-                          8 * (KW_INTERPRET if INTERPRET else KW), eps, (split == 0) & (tile == 0),
-                          HAS_RES, BLOCK_M, 1024 if BLOCK_M == 1 else 256)
-    rstd = rstd[:, :, None, None]  # [BLOCK_M, 1, 1, 1]
     if XAHEAD:
-        x_next, up_next = _in_tile(x_rows, r_rows, nw_ptr, col, kw_start + xword, xrow_ok, kw_lo,
-                                   kw_hi, KW, rstd, SILU_MUL, NORM, HAS_RES)
+        x_next, up_next = _x_tile(x_rows, kw_start + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
     # UNROLL (with XAHEAD): the loop takes DEPTH + 1 tiles a turn, each in buffers of its own
     # (a, b[, c]), each buffer loaded right after its tile is multiplied, DEPTH tiles ahead.
     # Without it, the tile ahead moves into the current one's registers at the end of every
@@ -285,33 +228,28 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
         if DEPTH == 2:
             b_w = w_after
             b_d, b_m = _scales(d_ptr, m_ptr, n, n_ok, kw_start + TW, kw_lo, kw_hi, G, WPG, GT, EVEN)
-            b_x, b_up = _in_tile(x_rows, r_rows, nw_ptr, col, kw_start + TW + xword, xrow_ok, kw_lo,
-                                 kw_hi, KW, rstd, SILU_MUL, NORM, HAS_RES)
+            b_x, b_up = _x_tile(x_rows, kw_start + TW + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
         for kw0 in range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi,
                          (DEPTH + 1) * TW):
             if DEPTH == 1:
                 b_w, b_x, b_up, b_d, b_m = _tile_loads(
-                    w_tile, wword, kw0 + TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, x_rows,
-                    r_rows, nw_ptr, col, xword, xrow_ok, rstd, TW, WPG, GT, LN, EVEN, SILU_MUL, NORM, HAS_RES)
+                    w_tile, wword, kw0 + TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
             else:
                 c_w, c_x, c_up, c_d, c_m = _tile_loads(
                     w_tile, wword, kw0 + 2 * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G,
-                    x_rows, r_rows, nw_ptr, col, xword, xrow_ok, rstd, TW, WPG, GT, LN, EVEN, SILU_MUL,
-                    NORM, HAS_RES)
+                    x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
             acc = _tile_products(acc, a_w, a_x, a_up, a_d, a_m, x_ptr.dtype.element_ty, SILU_MUL,
                                  BLOCK_M, BLOCK_N, GT, WPG, INTERPRET)
             a_w, a_x, a_up, a_d, a_m = _tile_loads(
                 w_tile, wword, kw0 + (DEPTH + 1) * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok,
-                G, x_rows, r_rows, nw_ptr, col, xword, xrow_ok, rstd, TW, WPG, GT, LN, EVEN, SILU_MUL,
-                NORM, HAS_RES)
+                G, x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
             if kw0 + TW < (KW_INTERPRET if INTERPRET else kw_hi):
                 acc = _tile_products(acc, b_w, b_x, b_up, b_d, b_m, x_ptr.dtype.element_ty, SILU_MUL,
                                      BLOCK_M, BLOCK_N, GT, WPG, INTERPRET)
             if DEPTH == 2:
                 b_w, b_x, b_up, b_d, b_m = _tile_loads(
                     w_tile, wword, kw0 + 4 * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G,
-                    x_rows, r_rows, nw_ptr, col, xword, xrow_ok, rstd, TW, WPG, GT, LN, EVEN, SILU_MUL,
-                    NORM, HAS_RES)
+                    x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
                 if kw0 + 2 * TW < (KW_INTERPRET if INTERPRET else kw_hi):
                     acc = _tile_products(acc, c_w, c_x, c_up, c_d, c_m, x_ptr.dtype.element_ty,
                                          SILU_MUL, BLOCK_M, BLOCK_N, GT, WPG, INTERPRET)
@@ -325,12 +263,10 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
                 w_next = _w_tile(w_tile, wword, kw0 + TW, n_ok4, kw_lo, kw_hi, KW - TW, LN, EVEN)
             if XAHEAD:
                 x, up, d, mn = x_next, up_next, d_next, mn_next
-                x_next, up_next = _in_tile(x_rows, r_rows, nw_ptr, col, kw0 + TW + xword, xrow_ok,
-                                           kw_lo, kw_hi, KW, rstd, SILU_MUL, NORM, HAS_RES)
+                x_next, up_next = _x_tile(x_rows, kw0 + TW + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
                 d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw0 + TW, kw_lo, kw_hi, G, WPG, GT, EVEN)
             else:
-                x, up = _in_tile(x_rows, r_rows, nw_ptr, col, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW,
-                                 rstd, SILU_MUL, NORM, HAS_RES)
+                x, up = _x_tile(x_rows, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
                 d, mn = _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG, GT, EVEN)
             acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, BLOCK_M,
                                  BLOCK_N, GT, WPG, INTERPRET)
@@ -382,15 +318,11 @@ def supports(k: int, group: int) -> bool:
 
 def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
           bias: torch.Tensor | None = None, silu_mul: bool = False,
-          layout: tuple[int, int] | None = None, norm: tuple | None = None):
+          layout: tuple[int, int] | None = None) -> torch.Tensor:
     """x [M, K] @ (d * q + m).T (+ bias): words int32 [N, K / 8] (in tiles if layout:
     int4_words.tile_words), d and m float16 [N, G].
     silu_mul: x is [M, 2K], an MLP's gate and up halves, and the product takes silu(gate) * up
-    (in the one-row kernel; the tl.dot one, for more rows, gets it from the silu_mul kernel).
-    norm: (residual [M, K] or None, weight [K], eps): the product takes rms_norm(x + residual)
-    * weight instead of x, and the call returns (y, x + residual), the residual x itself if
-    None, as fused.py's add_rms_norm and then this would; the split-K dp4a kernel (1-8 rows)
-    does both in its own launch, the others after add_rms_norm's."""
+    (in the one-row kernel; the tl.dot one, for more rows, gets it from the silu_mul kernel)."""
     rows, k = x.shape
     if silu_mul:
         k //= 2
@@ -408,27 +340,16 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
                          f"{d.shape[1]} groups")
     if layout and not can_tile(n, kw, layout):
         raise ValueError(f"words {list(words.shape)} do not make tiles of {layout} (rows, words)")
-    residual, nw, eps = norm if norm is not None else (None, None, 0.0)
-    if norm is not None and (silu_mul or nw.shape != (k,) or (residual is not None and (
-            residual.shape != x.shape or residual.stride(-1) != 1))):
-        raise ValueError(f"W4A16's norm takes a weight of K = {k} and a residual shaped as x "
-                         f"{list(x.shape)} (unit-stride rows), not with silu_mul")
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    res_out = x if residual is None else residual
     if rows:
         dot, cfg = w4a16_tiles.config(rows, n, k, group, x.device)
         if layout and (cfg["GT"] * group // 8) % layout[1]:
             raise ValueError(f"a tile of {cfg['GT'] * group // 8} words does not read whole "
                              f"{layout[1]}-word tiles")
-        fuse_norm = norm is not None and not dot and not cfg.get("STREAM")
-        if (silu_mul and dot) or (norm is not None and not fuse_norm):
+        if silu_mul and dot:
             from nextok.kernels.triton.fused import TritonFusedOps
 
-            ops = TritonFusedOps(gemv_rows=0)
-            if silu_mul:
-                x, silu_mul = ops.silu_mul(x), False
-            else:
-                x, res_out = ops.add_rms_norm(x, residual, nw, eps)
+            x, silu_mul = TritonFusedOps(gemv_rows=0).silu_mul(x), False
         use_pdl = pdl.enabled(x.device)
         args = (x, words, d, m, bias if bias is not None else d, y)
         common = dict(WPG=group // 8, HAS_BIAS=bias is not None, PDL=use_pdl, INTERPRET=INTERPRETED,
@@ -441,17 +362,12 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
         elif not dot:
             tiles, mb = triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(rows, cfg["BLOCK_M"])
             part, count = _scratch(x.device, cfg["SPLIT"] * rows * n, tiles * mb)
-            has_res = fuse_norm and residual is not None
-            if has_res:  # a new tensor: the grid's other programs still read the old residual
-                res_out = torch.empty_like(residual)
             _w4a16_dp4a_kernel[(tiles * cfg["SPLIT"] * mb,)](
-                *args, part, count, residual if has_res else x, nw if fuse_norm else d,
-                res_out if has_res else x, eps, rows, n, kw, d.shape[1], x.stride(0), y.stride(0),
-                residual.stride(0) if has_res else 0, SILU_MUL=silu_mul, NORM=fuse_norm,
-                HAS_RES=has_res, EVEN=n % cfg["BLOCK_N"] == 0 and kw % (cfg["GT"] * group // 8) == 0,
+                *args, part, count, rows, n, kw, d.shape[1], x.stride(0), y.stride(0),
+                SILU_MUL=silu_mul, EVEN=n % cfg["BLOCK_N"] == 0 and kw % (cfg["GT"] * group // 8) == 0,
                 **common)
         else:
             _w4a16_dot_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
                 *args, rows, n, kw, d.shape[1], x.stride(0), y.stride(0),
                 IEEE=INTERPRETED or x.dtype == torch.float32, **common)
-    return y if norm is None else (y, res_out)
+    return y

@@ -3,7 +3,8 @@
 Tuned tiles per GPU: {"<N>x<K>": {row class: tile}} (tile: BLOCK_N, TW words per row per tile,
 num_warps, num_stages, and for dp4a SPLIT, BLOCK_M, DEPTH, how many tiles of W ahead it loads
 (1 if absent), XAHEAD, whether x's tiles are loaded one ahead too (0 if absent), and UNROLL,
-whether the loop takes DEPTH + 1 tiles a turn in buffers of their own (with XAHEAD; 0 if absent); one row
+whether the loop takes DEPTH + 1 tiles a turn in buffers of their own (with XAHEAD; 0 if absent),
+and maxnreg, a cap on the registers a thread (ptxas: the programs an SM holds); one row
 may instead take STREAM programs of w4a16_stream.py's kernel, each a run of the (row tile,
 K tile) steps (0 or absent: the split-K grid); row classes: _row_class), written by
 benchmarks/gpu/w4a16_probe.py to configs/w4a16_<gpu>.json. NEXTOK_W4A16_CONFIGS names another
@@ -74,6 +75,8 @@ def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
         UNROLL=tile.get("UNROLL", 0) if tile.get("XAHEAD", 0) else 0)  # UNROLL needs XAHEAD
     if not dot and m == 1 and tile.get("STREAM"):
         extra["STREAM"] = tile["STREAM"]
+    if not dot and tile.get("maxnreg"):  # ptxas's register cap (occupancy), where a tile names one
+        extra["maxnreg"] = tile["maxnreg"]
     return dict(BLOCK_N=tile["BLOCK_N"], GT=max(1, tile["TW"] // wpg), num_warps=tile["num_warps"],
                 num_stages=tile["num_stages"], **extra)
 
