@@ -207,8 +207,8 @@ def test_w4a16_loading_tiles_ahead_gives_the_same_products(monkeypatch, rows, ah
     assert torch.equal(w4a16(gate_up, tiled, d, m, b, silu_mul=True, layout=TILES), want_silu)
 
 
-@pytest.mark.parametrize("ahead", [dict(), dict(DEPTH=2, XAHEAD=1), dict(DEPTH=2, XAHEAD=1, UNROLL=1)], ids=str)
-@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("ahead,rows", [(dict(), 1), (dict(DEPTH=2, XAHEAD=1), 5),
+                                        (dict(DEPTH=2, XAHEAD=1, UNROLL=1), 1)], ids=str)
 def test_w4a16_on_whole_tiles_drops_the_masks_and_gives_the_same_products(monkeypatch, rows, ahead):
     """N a multiple of BLOCK_N and K of the tile's words (EVEN): W and its scales are loaded
     without masks, a tile past K reloads the last one, and the products are bit-identical to
@@ -233,7 +233,7 @@ def test_w4a16_on_whole_tiles_drops_the_masks_and_gives_the_same_products(monkey
     kernel = w4a16_mod._w4a16_dp4a_kernel
     monkeypatch.setattr(w4a16_mod, "_w4a16_dp4a_kernel", Recording())
     config = w4a16_tiles.config
-    for split in (1, 2, 3, 5):
+    for split in (1, 3, 5):  # 3 tiles of K: whole runs of them, uneven ones, empty splits
         results = []
         for block_n in (16, 32):  # 48 % 16 == 0: EVEN; 48 % 32 != 0
             tile = dict(BLOCK_N=block_n, GT=2, SPLIT=split, **ahead)
