@@ -26,7 +26,7 @@ def test_openapi_fuzz_finds_no_server_errors(fuzz_server, tmp_path):
               "response_schema_conformance,negative_data_rejection")
     cmd = [os.path.join(os.path.dirname(sys.executable), "schemathesis"), "run",
            fuzz_server.url + "/openapi.json", "--checks", checks, "--max-examples", "6",
-           "--max-time", "75", "--request-timeout", "60", "--seed", "7", "--no-shrink",
+           "--max-time", "45", "--request-timeout", "60", "--seed", "7", "--no-shrink",
            "--suppress-health-check", "all", "--workers", "2", "--phases", "coverage,fuzzing",
            "--report-dir", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
