@@ -132,19 +132,19 @@ fp8-kv)
     ;;
 plan)
     # What item 4 still needs, most needed first, under one call's deadline (DEADLINE=S; a step
-    # that would not finish is skipped): the CUDA tests of what changed (FP8's fused producers,
-    # W4A16's whole tiles and unrolled loop, attention on quantized caches), the FP8 throughput
-    # pair, the 8B step on the committed tiles: bf16, int4 (LM_HEAD=1: int4 with an int4 lm_head).
-    # SWEEP=1: first the one-row W4A16 sweep, and the steps on its table.
-    Q=tests/kernels/test_triton_quant_linear.py
-    TESTS="tests/quant/test_fp8.py $Q::test_w4a16_loading_tiles_ahead_gives_the_same_products $Q::test_w4a16_on_whole_tiles_drops_the_masks_and_gives_the_same_products tests/kernels/test_triton_attention.py" \
-        T_TESTS=${T_TESTS:-60} bash "$0" tests
-    TP_RUNS="bf16 fp8kv" KV_KINDS="" T_TP=100 bash "$0" fp8-kv
-    if [ -n "${SWEEP:-}" ]; then
-        PROBE_ROWS=1 T_PROBE=${T_PROBE:-170} SKIP_TESTS=1 ROUNDS=1 T_LAT=60 bash "$0" w4a16
-    else
-        SKIP_TESTS=1 SKIP_PROBE=1 ROUNDS=1 T_LAT=60 bash "$0" w4a16
+    # that would not finish is skipped): the one-row W4A16 sweep (SKIP_PROBE=1: the committed
+    # tiles) and the 8B step on its table, bf16 then int4 then int4 with an int4 lm_head
+    # (~75 s each on a warm card: 60 s cut them on 2026-12-06); the FP8 throughput pair; with
+    # TESTS_FIRST=1, first the CUDA tests of what changed (FP8's fused producers, W4A16's whole
+    # tiles and unrolled loop, attention on quantized caches).
+    if [ -n "${TESTS_FIRST:-}" ]; then
+        Q=tests/kernels/test_triton_quant_linear.py
+        TESTS="tests/quant/test_fp8.py $Q::test_w4a16_loading_tiles_ahead_gives_the_same_products $Q::test_w4a16_on_whole_tiles_drops_the_masks_and_gives_the_same_products tests/kernels/test_triton_attention.py" \
+            T_TESTS=${T_TESTS:-60} bash "$0" tests
     fi
+    PROBE_ROWS=1 T_PROBE=${T_PROBE:-120} SKIP_TESTS=1 ROUNDS=1 LM_HEAD=${LM_HEAD:-1} T_LAT=${T_LAT:-100} \
+        bash "$0" w4a16
+    TP_RUNS="bf16 fp8kv" KV_KINDS="" T_TP=100 bash "$0" fp8-kv
     ;;
 *)
     echo "usage: $0 w4a16|gguf|tests|lat256|decode|kernels|fp8-kv|plan" >&2
