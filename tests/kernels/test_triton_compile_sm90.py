@@ -138,10 +138,10 @@ def _specs() -> list:
                                BLOCK_N=128 // block_m, PDL=True, INTERPRET=False, KW_INTERPRET=0,
                                LN=ln, LW=16 if ln else 1, DEPTH=depth, XAHEAD=xahead > 0, UNROLL=xahead == 2,
                                EVEN=even)))
-    for silu, even in ((False, False), (True, True)):  # even: whole tiles, no masks
-        specs.append((f"w4a16 dp4a stream silu_mul={silu} even={even}", ("w4a16_stream", "_w4a16_stream_kernel"), w4,
+    for silu in (False, True):
+        specs.append((f"w4a16 dp4a stream silu_mul={silu}", ("w4a16_stream", "_w4a16_stream_kernel"), w4,
                       dict(WPG=16, GT=2, HAS_BIAS=True, SILU_MUL=silu, BLOCK_N=128, PDL=True,
-                           INTERPRET=False, LN=64, LW=16, EVEN=even)))
+                           INTERPRET=False, LN=64, LW=16)))
     return specs
 
 

@@ -276,42 +276,6 @@ def test_w4a16_stream_gives_the_split_grids_products(monkeypatch, programs):
             _close(g, e)
 
 
-@pytest.mark.parametrize("programs", [2, 5])
-def test_w4a16_stream_on_whole_tiles_drops_the_masks_and_gives_the_same_products(monkeypatch, programs):
-    """A stream over whole tiles (N a multiple of BLOCK_N, K of the tile's words: EVEN) loads W,
-    its scales and x without masks, the step after a run's last reloading the last row tile:
-    bit-identical to the masked stream's products, with bias and with silu(gate) * up."""
-    from nextok.kernels.triton import w4a16_stream, w4a16_tiles
-
-    n, k, group = 48, 192, 32  # 3 row tiles of 16, 3 K tiles of 8 words (GT 2 groups of 4)
-    w, x, b = _data(torch.bfloat16, n, k, 1)
-    gate_up = torch.randn(1, 2 * k, generator=torch.Generator().manual_seed(3)).to(DEVICE, torch.bfloat16)
-    q, d, m = quantize_groups(w, group)
-    words, d, m = pack_words(q).to(DEVICE), d.to(DEVICE), m.to(DEVICE)
-    tiled = words4.tile_words(words, (4, 4))
-    seen, masked = [], [False]  # each launch's EVEN; masked: launch with EVEN off
-
-    class Forcing:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append(kwargs["EVEN"])
-                return kernel[grid](*args, **dict(kwargs, EVEN=kwargs["EVEN"] and not masked[0]))
-            return launch
-
-    kernel = w4a16_stream._w4a16_stream_kernel
-    monkeypatch.setattr(w4a16_stream, "_w4a16_stream_kernel", Forcing())
-    config = w4a16_tiles.config
-    tile = dict(BLOCK_N=16, GT=2, SPLIT=1, STREAM=programs)
-    monkeypatch.setattr(w4a16_tiles, "config", lambda *a: (lambda dot, cfg: (dot, dict(cfg, **tile)))(*config(*a)))
-    results = []
-    for masked[0] in (False, True):
-        results.append([w4a16(x, words, d, m, b), w4a16(x, tiled, d, m, None, layout=(4, 4)),
-                        w4a16(gate_up, tiled, d, m, b, silu_mul=True, layout=(4, 4))])
-    assert seen == [True] * 6
-    for even, plain in zip(*results):
-        assert torch.equal(even, plain)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 5, 12])
 def test_w4a16_takes_gate_up_as_the_separate_silu_mul_does(dtype, rows):

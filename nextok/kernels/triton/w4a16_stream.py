@@ -6,8 +6,11 @@ Why: at one row the split-K grid (_w4a16_dp4a_kernel) gives each program a few t
 last wave of programs leaves SMs idle; the o and qkv projections of an 8B layer make fewer
 programs than the SMs hold at all. A stream keeps each program's next tile in flight across
 row tiles, with as many programs as the table asks (STREAM, swept by
-benchmarks/gpu/w4a16_probe.py at 1-4 an SM). On an H100 (2026-12-06) 3 programs an SM won
-gate_up (22.9 us, 2.72 TB/s of packed bytes) and down; the H200 has not swept it yet.
+benchmarks/gpu/w4a16_probe.py at 1-4 an SM). On an H100 (2026-12-06) 3 programs of 4 warps an
+SM won gate_up (22.9 us, 2.72 TB/s of packed bytes) and down; the H200 has not swept it yet.
+Its loads keep their masks on whole tiles: without them (as w4a16.py's EVEN) sm_90 took 753
+instead of 800 instructions a loop, but ptxas 128 registers instead of 145 and, on the H100,
+gate_up 24.1 us at its best tile instead of 22.9 (2026-12-06, reverted).
 """
 from __future__ import annotations
 
@@ -23,8 +26,7 @@ from nextok.kernels.triton.w4a16 import INTERPRETED, _scales, _scratch, _tile_pr
 def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
                          N, KW, G, WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
                          SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-                         INTERPRET: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr,
-                         EVEN: tl.constexpr):
+                         INTERPRET: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr):
     # One row of x, as a stream: the steps (row tile r of BLOCK_N rows of W, K tile of TW
     # words), row tile by row tile and K in order within one, are cut into num_programs equal
     # runs, one a program. A program streams its run with the next step's words in flight and
@@ -33,9 +35,7 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, cou
     # SMs idle. Where a run ends inside a row tile, its programs leave float32 sums in part
     # [slot, N] (slot: the program's place among the tile's, in run order) and the tile's last
     # to finish adds them in slot order and writes y. x [1, 8 KW] (SILU_MUL: [1, 16 KW]);
-    # words [N, KW]; d, m [N, G]; y [1, N]; count [cdiv(N, BLOCK_N)] zeros. EVEN (N a multiple
-    # of BLOCK_N, KW of TW: every 8B shape): W, its scales and x loaded without masks (as in
-    # w4a16.py's _w_tile), the step after a run's last reloading the last row tile.
+    # words [N, KW]; d, m [N, G]; y [1, N]; count [cdiv(N, BLOCK_N)] zeros.
     TW: tl.constexpr = GT * WPG
     T = tl.cdiv(KW, TW)  # K tiles a row tile
     total = tl.cdiv(N, BLOCK_N) * T
@@ -52,10 +52,10 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, cou
     r = it_lo // T
     kw0 = (it_lo - r * T) * TW
     # the next step's words, scales (constants: before the PDL wait) and x, loaded a step ahead
-    w_next = _stream_w(w_tile, wword, lane, r, kw0, it_lo < it_hi, N, KW, BLOCK_N, LN, EVEN)
-    sc_next = _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, BLOCK_N, WPG, GT, EVEN)
+    w_next = _stream_w(w_tile, wword, lane, r, kw0, it_lo < it_hi, N, KW, BLOCK_N, LN)
+    sc_next = _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, BLOCK_N, WPG, GT)
     pdl_wait(PDL)
-    x_next = _stream_x(x_rows, kw0 + xword, KW, SILU_MUL, EVEN)
+    x_next = _x_tile(x_rows, kw0 + xword, True, 0, KW, KW, SILU_MUL)
     acc = tl.zeros([1, BLOCK_N, GT, WPG // 4], dtype=tl.float32)
     # (the interpreter cannot loop between runtime bounds: a while loop there, as in
     # attention.py; compiled code keeps the for loop)
@@ -65,14 +65,14 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, cou
             acc, w_next, sc_next, x_next, r, kw0 = _stream_step(
                 acc, w_next, sc_next, x_next, r, kw0, it + 1 < it_hi, T, total, P, pid, w_tile,
                 wword, lane, x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-                N, KW, G, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, EVEN)
+                N, KW, G, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN)
             it += 1
     else:
         for it in range(it_lo, it_hi):
             acc, w_next, sc_next, x_next, r, kw0 = _stream_step(
                 acc, w_next, sc_next, x_next, r, kw0, it + 1 < it_hi, T, total, P, pid, w_tile,
                 wword, lane, x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-                N, KW, G, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, EVEN)
+                N, KW, G, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN)
 
 
 @triton.jit
@@ -80,7 +80,7 @@ def _stream_step(acc, w_next, sc_next, x_next, r, kw0, more, T, total, P, pid, w
                  x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G,
                  WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
                  SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
-                 LN: tl.constexpr, EVEN: tl.constexpr):
+                 LN: tl.constexpr):
     # The step at (row tile r, word kw0): its products from what the last step loaded, the
     # next step's words, scales and x loaded meanwhile (W's not past the run: `more`); at the
     # row tile's last K tile or the run's last step the sums leave (_stream_flush).
@@ -92,9 +92,9 @@ def _stream_step(acc, w_next, sc_next, x_next, r, kw0, more, T, total, P, pid, w
     w = w_next
     d, mn = sc_next
     x, up = x_next
-    w_next = _stream_w(w_tile, wword, lane, r_next, kw_next, more, N, KW, BLOCK_N, LN, EVEN)
-    sc_next = _stream_scales(d_ptr, m_ptr, lane, r_next, kw_next, N, KW, G, BLOCK_N, WPG, GT, EVEN)
-    x_next = _stream_x(x_rows, kw_next + xword, KW, SILU_MUL, EVEN)
+    w_next = _stream_w(w_tile, wword, lane, r_next, kw_next, more, N, KW, BLOCK_N, LN)
+    sc_next = _stream_scales(d_ptr, m_ptr, lane, r_next, kw_next, N, KW, G, BLOCK_N, WPG, GT)
+    x_next = _x_tile(x_rows, kw_next + xword, True, 0, KW, KW, SILU_MUL)
     acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, 1, BLOCK_N, GT,
                          WPG, INTERPRET)
     if last_k | (not more):
@@ -106,39 +106,19 @@ def _stream_step(acc, w_next, sc_next, x_next, r, kw0, more, T, total, P, pid, w
 
 @triton.jit
 def _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, BLOCK_N: tl.constexpr, WPG: tl.constexpr,
-                   GT: tl.constexpr, EVEN: tl.constexpr):
+                   GT: tl.constexpr):
     # (d, m) of row tile r's groups from word kw0, [1, BLOCK_N, GT]: the first tile's pointers
-    # and an offset, so lane * G stays out of the loop (past the last row tile: masked; EVEN:
-    # the last row tile's, unmasked)
-    if EVEN:
-        off = tl.minimum(r, N // BLOCK_N - 1) * BLOCK_N * G
-        return _scales(d_ptr + off, m_ptr + off, lane, lane >= 0, kw0, 0, KW, G, WPG, GT, EVEN)
+    # and an offset, so lane * G stays out of the loop (past the last row tile: masked)
     off = r * BLOCK_N * G
     return _scales(d_ptr + off, m_ptr + off, lane, lane < N - r * BLOCK_N, kw0, 0, KW, G, WPG, GT)
 
 
 @triton.jit
-def _stream_w(w_tile, wword, lane, r, kw0, more, N, KW, BLOCK_N: tl.constexpr, LN: tl.constexpr,
-              EVEN: tl.constexpr):
-    # W's words at (row tile r, word kw0), [1, BLOCK_N, GT, WPG] (zeros if not `more`; EVEN:
-    # unmasked, past the last row tile the last one's, never used)
-    if EVEN:
-        return tl.load(w_tile + tl.minimum(r, N // BLOCK_N - 1) * BLOCK_N * KW + _tile_step(kw0, LN))
+def _stream_w(w_tile, wword, lane, r, kw0, more, N, KW, BLOCK_N: tl.constexpr, LN: tl.constexpr):
+    # W's words at (row tile r, word kw0), [1, BLOCK_N, GT, WPG] (zeros if not `more`)
     n_ok = (lane < N - r * BLOCK_N)[None, :, None, None] & more
     return tl.load(w_tile + r * BLOCK_N * KW + _tile_step(kw0, LN),
                    mask=n_ok & (kw0 + wword < KW), other=0)
-
-
-@triton.jit
-def _stream_x(x_rows, xw, KW, SILU_MUL: tl.constexpr, EVEN: tl.constexpr):
-    # x's words xw [1, GT, WPG, 8] and with SILU_MUL the up half's (_x_tile; EVEN: xw < KW, unmasked)
-    if EVEN:
-        x = tl.load(x_rows + xw * 8)
-        up = x
-        if SILU_MUL:
-            up = tl.load(x_rows + 8 * KW + xw * 8)
-        return x, up
-    return _x_tile(x_rows, xw, True, 0, KW, KW, SILU_MUL)
 
 
 @triton.jit
@@ -189,5 +169,4 @@ def stream(x, words, d, m, bias, y, silu_mul: bool, layout, use_pdl: bool, cfg: 
         x, words, d, m, bias if bias is not None else d, y, part, count, n, kw, d.shape[1],
         WPG=wpg, GT=gt, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, PDL=use_pdl,
         INTERPRET=INTERPRETED, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        launch_pdl=use_pdl, EVEN=n % block_n == 0 and kw % (gt * wpg) == 0, **lay,
-        **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
+        launch_pdl=use_pdl, **lay)
