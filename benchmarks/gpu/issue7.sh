@@ -142,7 +142,7 @@ plan)
         TESTS="tests/quant/test_fp8.py $Q::test_w4a16_loading_tiles_ahead_gives_the_same_products $Q::test_w4a16_on_whole_tiles_drops_the_masks_and_gives_the_same_products tests/kernels/test_triton_attention.py" \
             T_TESTS=${T_TESTS:-60} bash "$0" tests
     fi
-    PROBE_ROWS=1 T_PROBE=${T_PROBE:-120} SKIP_TESTS=1 ROUNDS=1 LM_HEAD=${LM_HEAD:-1} T_LAT=${T_LAT:-100} \
+    PROBE_ROWS=${PROBE_ROWS:-1} T_PROBE=${T_PROBE:-120} SKIP_TESTS=1 ROUNDS=1 LM_HEAD=${LM_HEAD:-1} T_LAT=${T_LAT:-100} \
         bash "$0" w4a16
     TP_RUNS="bf16 fp8kv" KV_KINDS="" T_TP=100 bash "$0" fp8-kv
     ;;
