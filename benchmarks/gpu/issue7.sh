@@ -134,7 +134,8 @@ plan)
     # What item 4 still needs, most needed first, under one call's deadline (DEADLINE=S; a step
     # that would not finish is skipped): the one-row W4A16 sweep (SKIP_PROBE=1: the committed
     # tiles) and the 8B step on its table, bf16 then int4 then int4 with an int4 lm_head
-    # (~75 s each on a warm card: 60 s cut them on 2026-12-06); the FP8 throughput pair; with
+    # (~75 s each on a warm card: 60 s cut them on 2026-12-06); the one-row kernel on x made
+    # into dp4a operands beforehand (xq_probe.py, ~30 s); the FP8 throughput pair; with
     # TESTS_FIRST=1, first the CUDA tests of what changed (FP8's fused producers, W4A16's whole
     # tiles and unrolled loop, attention on quantized caches).
     if [ -n "${TESTS_FIRST:-}" ]; then
@@ -144,6 +145,8 @@ plan)
     fi
     PROBE_ROWS=${PROBE_ROWS:-1} T_PROBE=${T_PROBE:-120} SKIP_TESTS=1 ROUNDS=1 LM_HEAD=${LM_HEAD:-1} T_LAT=${T_LAT:-100} \
         bash "$0" w4a16
+    step "W4A16 with x as premade dp4a operands, against the engine's kernel (xq_probe.py)"
+    run_for 60 python3 benchmarks/gpu/xq_probe.py "$OUT/xq-probe.json" 2>&1 | grep -v Warning | tail -5
     TP_RUNS="bf16 fp8kv" KV_KINDS="" T_TP=100 bash "$0" fp8-kv
     ;;
 *)
