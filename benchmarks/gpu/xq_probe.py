@@ -43,6 +43,17 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
+def _xq_tile(ops_ptr, s_ptr, xs_ptr, w_tile, d_ptr, m_ptr, gptr, wword, xrun, kw0, KW,
+             WPG: tl.constexpr, LN: tl.constexpr):
+    # everything the tile at word kw0 multiplies: W's words, d, m, x's four operands, s, xs
+    return (tl.load(w_tile + _tile_step(kw0, LN)), tl.load(d_ptr + gptr + kw0 // WPG).to(tl.float32),
+            tl.load(m_ptr + gptr + kw0 // WPG).to(tl.float32), tl.load(ops_ptr + kw0 + wword),
+            tl.load(ops_ptr + KW + kw0 + wword), tl.load(ops_ptr + 2 * KW + kw0 + wword),
+            tl.load(ops_ptr + 3 * KW + kw0 + wword), tl.load(s_ptr + kw0 + wword),
+            tl.load(xs_ptr + kw0 // 4 + xrun))
+
+
+@triton.jit
 def _xq_kernel(ops_ptr, s_ptr, xs_ptr, w_ptr, d_ptr, m_ptr, y_ptr, part_ptr, count_ptr, N, KW, G,
                WPG: tl.constexpr, GT: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                LN: tl.constexpr, LW: tl.constexpr, INTERPRET: tl.constexpr, KW_I: tl.constexpr):
@@ -64,28 +75,12 @@ def _xq_kernel(ops_ptr, s_ptr, xs_ptr, w_ptr, d_ptr, m_ptr, y_ptr, part_ptr, cou
     w_tile = _tile_ptrs(w_ptr, n[None, :, None, None], wword, KW, TW, LN, LW)
     acc = tl.zeros([1, BLOCK_N, GT, NS], dtype=tl.float32)
     k0 = tl.minimum(0 if INTERPRET else kw_lo, KW - TW)  # an empty split (past K) loads the last tile
-    w_n = tl.load(w_tile + _tile_step(k0, LN))
-    d_n = tl.load(d_ptr + gptr + k0 // WPG).to(tl.float32)
-    m_n = tl.load(m_ptr + gptr + k0 // WPG).to(tl.float32)
-    he_n = tl.load(ops_ptr + k0 + wword)
-    ho_n = tl.load(ops_ptr + KW + k0 + wword)
-    le_n = tl.load(ops_ptr + 2 * KW + k0 + wword)
-    lo_n = tl.load(ops_ptr + 3 * KW + k0 + wword)
-    s_n = tl.load(s_ptr + k0 + wword)
-    xs_n = tl.load(xs_ptr + k0 // 4 + xrun)
+    nxt = _xq_tile(ops_ptr, s_ptr, xs_ptr, w_tile, d_ptr, m_ptr, gptr, wword, xrun, k0, KW, WPG, LN)
     # (the interpreter cannot loop between runtime bounds: it walks all of K, KW_I words)
     for kw0 in range(0 if INTERPRET else kw_lo, KW_I if INTERPRET else kw_hi, TW):
-        w, d, mn, he, ho, le, lo, s, xs = w_n, d_n, m_n, he_n, ho_n, le_n, lo_n, s_n, xs_n
+        w, d, mn, he, ho, le, lo, s, xs = nxt
         kn = tl.minimum(kw0 + TW, KW - TW)  # past the split: the last tile again, never used
-        w_n = tl.load(w_tile + _tile_step(kn, LN))
-        d_n = tl.load(d_ptr + gptr + kn // WPG).to(tl.float32)
-        m_n = tl.load(m_ptr + gptr + kn // WPG).to(tl.float32)
-        he_n = tl.load(ops_ptr + kn + wword)
-        ho_n = tl.load(ops_ptr + KW + kn + wword)
-        le_n = tl.load(ops_ptr + 2 * KW + kn + wword)
-        lo_n = tl.load(ops_ptr + 3 * KW + kn + wword)
-        s_n = tl.load(s_ptr + kn + wword)
-        xs_n = tl.load(xs_ptr + kn // 4 + xrun)
+        nxt = _xq_tile(ops_ptr, s_ptr, xs_ptr, w_tile, d_ptr, m_ptr, gptr, wword, xrun, kn, KW, WPG, LN)
         we = w & 0x0F0F0F0F
         wo = (w >> 4) & 0x0F0F0F0F
         t = _dp4a(we, he, tl.zeros_like(we), True, INTERPRET)
