@@ -10,8 +10,9 @@ instructions at BLOCK_N 128, SPLIT 4, XAHEAD). If the kernel that writes x (the 
 before qkv and gate_up) wrote those operands instead, as it writes FP8's quantized input, the
 loop would load them in the products' layout: the experimental kernel here does exactly that
 (425 instructions, 4 barriers, 128 registers instead of 157; compiled for sm_90 on the CPU,
-2026-12-06; its products are bit-identical to the engine's kernel in the interpreter). It is not in the engine: this probe times it against the engine's kernel at each
-8B shape's tuned tile, to decide whether the producer side is worth building.
+2026-12-06; its products are bit-identical to the engine's kernel in the interpreter). It is not
+in the engine: this probe times it against the engine's kernel at each 8B shape's tuned tile,
+to decide whether the producer side is worth building.
 
 Operands per word j of x's 8 columns (as w4a16._tile_products makes them): s_j = 2^(E - 13)
 with E the exponent of the largest |x|, xq = round(x / s_j), hi = xq >> 8 (signed byte), lo =

@@ -181,6 +181,20 @@ def test_committed_tile_tables_are_well_formed():
                     assert tile.get("maxnreg", 128) in (64, 96, 128, 168, 255), (path, shape)
                     assert cls == "1" or "STREAM" not in tile, (path, shape)  # one row only
                     assert isinstance(tile.get("STREAM", 0), int) and tile.get("STREAM", 0) >= 0, (path, shape)
+                    # the stream kernel takes no register cap: a table naming one for it would not
+                    # say what ran (the H100's stream tiles were timed without one)
+                    assert not (tile.get("STREAM") and "maxnreg" in tile), (path, shape)
+
+
+def test_register_caps_reach_split_k_tiles_only():
+    """A tile's maxnreg caps ptxas's registers for the split-K dp4a kernel; the stream kernel's
+    launch takes no cap, so a stream tile leaves it out rather than carry one that never ran."""
+    from nextok.kernels.triton import w4a16_tiles
+
+    tile = dict(BLOCK_N=128, TW=32, num_warps=4, num_stages=3, SPLIT=4, BLOCK_M=1, XAHEAD=1, maxnreg=128)
+    assert w4a16_tiles._tile(tile, 1, False, 16)["maxnreg"] == 128
+    stream = w4a16_tiles._tile(dict(tile, SPLIT=1, STREAM=396), 1, False, 16)
+    assert stream["STREAM"] == 396 and "maxnreg" not in stream
 
 
 @pytest.mark.parametrize("ahead", [dict(DEPTH=2), dict(XAHEAD=1), dict(DEPTH=2, XAHEAD=1),

@@ -233,7 +233,8 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
                          (DEPTH + 1) * TW):
             if DEPTH == 1:
                 b_w, b_x, b_up, b_d, b_m = _tile_loads(
-                    w_tile, wword, kw0 + TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
+                    w_tile, wword, kw0 + TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G,
+                    x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
             else:
                 c_w, c_x, c_up, c_d, c_m = _tile_loads(
                     w_tile, wword, kw0 + 2 * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G,

@@ -75,8 +75,8 @@ def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
         UNROLL=tile.get("UNROLL", 0) if tile.get("XAHEAD", 0) else 0)  # UNROLL needs XAHEAD
     if not dot and m == 1 and tile.get("STREAM"):
         extra["STREAM"] = tile["STREAM"]
-    if not dot and tile.get("maxnreg"):  # ptxas's register cap (occupancy), where a tile names one
-        extra["maxnreg"] = tile["maxnreg"]
+    if not dot and tile.get("maxnreg") and "STREAM" not in extra:  # ptxas's register cap
+        extra["maxnreg"] = tile["maxnreg"]  # (occupancy) of a split-K tile; the stream takes none
     return dict(BLOCK_N=tile["BLOCK_N"], GT=max(1, tile["TW"] // wpg), num_warps=tile["num_warps"],
                 num_stages=tile["num_stages"], **extra)
 
