@@ -12,8 +12,6 @@
 #   bash benchmarks/gpu/issue7.sh decode    the paged decode kernel's tiles per KV cache dtype (decode_probe.py)
 #   bash benchmarks/gpu/issue7.sh kernels   nextok bench kernels: the fused ops, paged decode on bf16 / int8 /
 #                                           fp8 caches (batch 32 x 4096, 256 x 576) and prefill
-#   bash benchmarks/gpu/issue7.sh prefetch  the 8B step, bf16 and int4 + int4 lm_head, with weight tiles asked of
-#                                           L2 before the PDL wait or not (prefetch_probe.py; PF_VARIANTS)
 #   bash benchmarks/gpu/issue7.sh plan      all of the above that item 4 still needs, in order, under DEADLINE
 #   bash benchmarks/gpu/issue7.sh fp8-kv    offline throughput 1000 x 512 -> 256, bf16 vs fp8 (and fp8
 #                                           with an fp8 KV cache); the
@@ -151,13 +149,8 @@ plan)
     run_for 60 python3 benchmarks/gpu/xq_probe.py "$OUT/xq-probe.json" 2>&1 | grep -v Warning | tail -5
     TP_RUNS="bf16 fp8kv" KV_KINDS="" T_TP=100 bash "$0" fp8-kv
     ;;
-prefetch)
-    step "8B decode step with weight tiles prefetched to L2 before the PDL wait (PF: tiles)"
-    run_for ${T_PF:-240} python3 benchmarks/gpu/prefetch_probe.py $L8B $TOK "$OUT/prefetch-probe.json" \
-        ${PF_ROUNDS:-3} ${PF_VARIANTS:-0,2,4} 2>&1 | grep -v Warning | tail -12
-    ;;
 *)
-    echo "usage: $0 w4a16|gguf|tests|lat256|decode|kernels|fp8-kv|prefetch|plan" >&2
+    echo "usage: $0 w4a16|gguf|tests|lat256|decode|kernels|fp8-kv|plan" >&2
     exit 2
     ;;
 esac

@@ -43,7 +43,6 @@ for name, fn, types, const in json.loads(sys.argv[1]):
         first = lambda s: ptx.find(s) if s in ptx else len(ptx)
         out[name] = {"ok": True, "dp4a": "dp4a.u32.s32" in ptx and "dp4a.u32.u32" in ptx, "local": ".local" in ptx,
                      "load_before_wait": first("ld.global") < first("griddepcontrol.wait"),
-                     "prefetch_before_wait": first("prefetch.global.L2") < first("griddepcontrol.wait"),
                      "v4_loads": "ld.global.v4" in ptx,
                      "f16_to_f32": "cvt.f32.f16" in ptx}
     except Exception as e:
@@ -94,10 +93,10 @@ def _specs() -> list:
                   dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32"), dict(BLOCK=4096)))
     for dot in (False, True):
         block_m = 16 if dot else 1
-        specs.append((f"gemv dot={dot} pf=2", ("gemv", "_gemv_kernel"),
+        specs.append((f"gemv dot={dot}", ("gemv", "_gemv_kernel"),
                       dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16"),
                       dict(HAS_BIAS=True, USE_DOT=dot, BLOCK_M=block_m, BLOCK_N=32, BLOCK_K=256, PDL=True,
-                           IEEE=False, INTERPRET=False, K_INTERPRET=0, PF=2)))
+                           IEEE=False, INTERPRET=False, K_INTERPRET=0)))
         specs.append((f"w8a16 dot={dot}", ("quant_linear", "_quant_linear_kernel"),
                       dict(x_ptr="*bf16", q_ptr="*i8", d_ptr="*fp16", b_ptr="*fp16", y_ptr="*bf16"),
                       dict(HAS_BIAS=True, USE_DOT=dot, BLOCK_M=block_m, BLOCK_N=32, BLOCK_K=256, INTERPRET=False)))
@@ -132,18 +131,17 @@ def _specs() -> list:
             (1, 8, False, 64, 2, 2, 2), (4, 4, False, 64, 2, 1, 2)):
         # even: whole tiles (N % BLOCK_N, K % TW == 0), W and its scales loaded without masks
         even = bool(ln and xahead)
-        pf = 2 if ln else 0  # L2 prefetch before the PDL wait: on CUDA words are tiled
         specs.append((f"w4a16 dp4a rows={block_m} split={split}{' silu_mul' if silu else ''} "
-                      f"tiles={ln} GT={gt} depth={depth} xahead={xahead} even={even} pf={pf}",
+                      f"tiles={ln} GT={gt} depth={depth} xahead={xahead} even={even}",
                       ("w4a16", "_w4a16_dp4a_kernel"),
                       w4, dict(WPG=16, GT=gt, SPLIT=split, HAS_BIAS=True, SILU_MUL=silu, BLOCK_M=block_m,
                                BLOCK_N=128 // block_m, PDL=True, INTERPRET=False, KW_INTERPRET=0,
                                LN=ln, LW=16 if ln else 1, DEPTH=depth, XAHEAD=xahead > 0, UNROLL=xahead == 2,
-                               EVEN=even, PF=pf)))
+                               EVEN=even)))
     for silu in (False, True):
-        specs.append((f"w4a16 dp4a stream silu_mul={silu} pf=2", ("w4a16_stream", "_w4a16_stream_kernel"),
-                      w4, dict(WPG=16, GT=2, HAS_BIAS=True, SILU_MUL=silu, BLOCK_N=128, PDL=True,
-                               INTERPRET=False, LN=64, LW=16, PF=2)))
+        specs.append((f"w4a16 dp4a stream silu_mul={silu}", ("w4a16_stream", "_w4a16_stream_kernel"), w4,
+                      dict(WPG=16, GT=2, HAS_BIAS=True, SILU_MUL=silu, BLOCK_N=128, PDL=True,
+                           INTERPRET=False, LN=64, LW=16)))
     return specs
 
 
@@ -168,9 +166,6 @@ def test_compiles_for_sm90(built, name):
         # W in 16-byte loads, tiled words too (through // and % the compiler's alignment
         # analysis loses track, and a tiled kernel fell to 4-byte loads, 28 instructions a word)
         assert result["v4_loads"], "the weight loads are not 16-byte vectors"
-    if name.endswith(" pf=2"):
-        # the next weight tiles asked of L2 while the kernel waits for the one before it
-        assert result["prefetch_before_wait"], "no prefetch.global.L2 before griddepcontrol.wait"
     if name in ("decode quant=2", "prefill quant=2"):
         # fp8 keys and values go to float16 in one instruction per two and stay there; through
         # float32 to bfloat16 the 64-key decode tile took 944 instructions, not 764 (bf16: 495)

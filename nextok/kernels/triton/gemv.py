@@ -23,7 +23,7 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from nextok.kernels.triton import pdl
-from nextok.kernels.triton.pdl import pdl_wait, prefetch_l2
+from nextok.kernels.triton.pdl import pdl_wait
 
 MAX_ROWS = 8  # above this cuBLAS's tiled GEMMs win
 
@@ -47,18 +47,14 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_ym,
                  HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PDL: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,
-                 K_INTERPRET: tl.constexpr, PF: tl.constexpr = 0):
+                 K_INTERPRET: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N),). x: [M, K] rows unit-stride; W: [N, K]; y: [M, N].
     # K is a runtime argument (as in the probe whose speed the tiles come from); the interpreter
     # cannot loop to a runtime argument, so there the loop runs to K_INTERPRET (= K).
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
-    # PF (pdl.l2_ahead) K tiles of W asked of L2 before the wait, a pointer a 128-byte line
-    for s in tl.static_range(PF):
-        kl = s * BLOCK_K + tl.arange(0, (BLOCK_K + 63) // 64) * 64
-        prefetch_l2(w_ptr + n[:, None] * s_wn + kl[None, :], n_ok[:, None] & (kl < K)[None, :])
-    pdl_wait(PDL)
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     if USE_DOT:
@@ -130,5 +126,5 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
             HAS_BIAS=bias is not None, PDL=use_pdl,
             IEEE=INTERPRETED or x.dtype == torch.float32, INTERPRET=INTERPRETED,
             K_INTERPRET=k if INTERPRETED else 0,
-            PF=pdl.l2_ahead(use_pdl), launch_pdl=use_pdl, **cfg)
+            launch_pdl=use_pdl, **cfg)
     return y

@@ -12,7 +12,6 @@ import triton
 import triton.language as tl
 
 from nextok.kernels.triton.fused import _round
-from nextok.kernels.triton.pdl import prefetch_l2
 
 
 @triton.jit
@@ -38,17 +37,6 @@ def _tile_step(kw0, LN: tl.constexpr):
         return kw0
     else:
         return kw0 * LN
-
-
-@triton.jit
-def _prefetch_tile(w_ptr, n, n_ok, kw0, kw_hi, KW, TW: tl.constexpr, LN: tl.constexpr,
-                   LW: tl.constexpr):
-    # L2 prefetch (pdl.py) of the tile at word kw0 of rows n [BLOCK_N] (words below kw_hi): a
-    # pointer every 16 words (64 bytes; a 128-byte line holds 32 words of a row-major row, or
-    # two rows of a 16-word tile), so 2 a row of a 32-word tile
-    wl = tl.arange(0, (TW + 15) // 16) * 16
-    ptrs = _tile_ptrs(w_ptr, n[:, None], wl[None, :], KW, TW, LN, LW) + _tile_step(kw0, LN)
-    prefetch_l2(ptrs, n_ok[:, None] & (kw0 + wl < kw_hi)[None, :])
 
 
 @triton.jit

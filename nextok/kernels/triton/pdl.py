@@ -15,12 +15,6 @@ are ordered as usual, so mixing them is safe.
 
 On by default on GPUs of compute capability 9.0 and newer; NEXTOK_PDL=0 turns it off. Never in
 Triton's interpreter (the instructions are PTX inline assembly).
-
-L2 prefetch (prefetch_l2, NEXTOK_L2_AHEAD tiles, with PDL only): a matmul's CTAs are resident
-from the moment the kernel before it passes its own wait, and sit in theirs for as long as that
-kernel runs (~2 us for a norm or the decode reduce at one row). Loads into registers before the
-wait are bounded by registers (one or two tiles a program); a prefetch costs no register and
-asks L2 for the next tiles' lines, so the weights stream from DRAM during that wait too.
 """
 from __future__ import annotations
 
@@ -34,9 +28,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _OVERRIDE: bool | None = None  # set_enabled(): benchmarks switch it between graph captures
 _ENV_ON = os.environ.get("NEXTOK_PDL", "1") != "0"  # read once, at import
-# Weight tiles a kernel asks L2 for before its PDL wait, beyond those it loads there (0: none).
-# benchmarks/gpu/prefetch_probe.py sets it between graph captures.
-L2_AHEAD = int(os.environ.get("NEXTOK_L2_AHEAD", "2"))
 
 
 @functools.cache
@@ -55,11 +46,6 @@ def enabled(device: torch.device) -> bool:
     return _ENV_ON and _supported(device.index or 0)
 
 
-def l2_ahead(use_pdl: bool) -> int:
-    """The PF constexpr of a launch: L2_AHEAD tiles with PDL, else 0 (nothing to overlap)."""
-    return L2_AHEAD if use_pdl else 0
-
-
 def set_enabled(value: bool | None) -> None:
     """Force PDL on or off for launches from now on (None: back to the default)."""
     global _OVERRIDE
@@ -72,13 +58,3 @@ def pdl_wait(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-
-
-@triton.jit
-def prefetch_l2(ptrs, mask):
-    """Ask L2 for the 128-byte lines holding ptrs (where mask) and go on without waiting: one
-    `prefetch.global.L2` a pointer (so one pointer a line or two is enough), no register kept,
-    no effect on any value read later. GPU only: callers launch it under PF > 0, which needs PDL."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)

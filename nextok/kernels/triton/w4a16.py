@@ -43,7 +43,7 @@ from triton.runtime.jit import JITFunction
 
 from nextok.kernels.triton import pdl, w4a16_tiles
 from nextok.kernels.triton.fused import _round
-from nextok.kernels.triton.int4_words import _prefetch_tile, _tile_ptrs, _tile_step, can_tile, layout_args
+from nextok.kernels.triton.int4_words import _tile_ptrs, _tile_step, can_tile, layout_args
 from nextok.kernels.triton.dp4a import _bytes, _dp4a
 from nextok.kernels.triton.pdl import pdl_wait
 from nextok.kernels.triton.w4a16_dot import _w4a16_dot_kernel
@@ -151,7 +151,7 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                        INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr, LN: tl.constexpr,
                        LW: tl.constexpr, DEPTH: tl.constexpr, XAHEAD: tl.constexpr,
-                       EVEN: tl.constexpr, UNROLL: tl.constexpr = 0, PF: tl.constexpr = 0):
+                       EVEN: tl.constexpr, UNROLL: tl.constexpr = 0):
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),): a program takes BLOCK_M rows of x,
     # BLOCK_N rows of W and a SPLIT-th of K; the programs of one tile of W run side by side, so
     # its bytes come from DRAM once. x [M, 8 KW]; words [N, KW]; d, m [N, G]; y [M, N]. A tile:
@@ -214,9 +214,6 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     x_rows = x_ptr + xrow * s_xm + col
     if XAHEAD:
         d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw_start, kw_lo, kw_hi, G, WPG, GT, EVEN)
-    # PF (pdl.l2_ahead) tiles after those loaded are asked of L2 before the wait as well
-    for s in tl.static_range(PF):
-        _prefetch_tile(w_ptr, n, n_ok, kw_start + (DEPTH + s) * TW, kw_hi, KW, TW, LN, LW)
     pdl_wait(PDL)
     if XAHEAD:
         x_next, up_next = _x_tile(x_rows, kw_start + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
@@ -369,7 +366,7 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
             _w4a16_dp4a_kernel[(tiles * cfg["SPLIT"] * mb,)](
                 *args, part, count, rows, n, kw, d.shape[1], x.stride(0), y.stride(0),
                 SILU_MUL=silu_mul, EVEN=n % cfg["BLOCK_N"] == 0 and kw % (cfg["GT"] * group // 8) == 0,
-                PF=pdl.l2_ahead(use_pdl), **common)
+                **common)
         else:
             _w4a16_dot_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
                 *args, rows, n, kw, d.shape[1], x.stride(0), y.stride(0),

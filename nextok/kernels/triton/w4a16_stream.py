@@ -17,8 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nextok.kernels.triton import pdl
-from nextok.kernels.triton.int4_words import _prefetch_tile, _tile_ptrs, _tile_step, layout_args
+from nextok.kernels.triton.int4_words import _tile_ptrs, _tile_step, layout_args
 from nextok.kernels.triton.pdl import pdl_wait
 from nextok.kernels.triton.w4a16 import INTERPRETED, _scales, _scratch, _tile_products, _x_tile
 
@@ -27,8 +26,7 @@ from nextok.kernels.triton.w4a16 import INTERPRETED, _scales, _scratch, _tile_pr
 def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
                          N, KW, G, WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
                          SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-                         INTERPRET: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr,
-                         PF: tl.constexpr = 0):
+                         INTERPRET: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr):
     # One row of x, as a stream: the steps (row tile r of BLOCK_N rows of W, K tile of TW
     # words), row tile by row tile and K in order within one, are cut into num_programs equal
     # runs, one a program. A program streams its run with the next step's words in flight and
@@ -56,12 +54,6 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, cou
     # the next step's words, scales (constants: before the PDL wait) and x, loaded a step ahead
     w_next = _stream_w(w_tile, wword, lane, r, kw0, it_lo < it_hi, N, KW, BLOCK_N, LN)
     sc_next = _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, BLOCK_N, WPG, GT)
-    # and the PF steps after it asked of L2 (pdl.l2_ahead), the kernel before still running
-    for s in tl.static_range(PF):
-        it_s = it_lo + 1 + s
-        r_s = it_s // T
-        _prefetch_tile(w_ptr + r_s * BLOCK_N * KW, lane, (lane < N - r_s * BLOCK_N) & (it_s < it_hi),
-                       (it_s - r_s * T) * TW, KW, KW, TW, LN, LW)
     pdl_wait(PDL)
     x_next = _x_tile(x_rows, kw0 + xword, True, 0, KW, KW, SILU_MUL)
     acc = tl.zeros([1, BLOCK_N, GT, WPG // 4], dtype=tl.float32)
@@ -177,4 +169,4 @@ def stream(x, words, d, m, bias, y, silu_mul: bool, layout, use_pdl: bool, cfg: 
         x, words, d, m, bias if bias is not None else d, y, part, count, n, kw, d.shape[1],
         WPG=wpg, GT=gt, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, PDL=use_pdl,
         INTERPRET=INTERPRETED, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        PF=pdl.l2_ahead(use_pdl), launch_pdl=use_pdl, **lay)
+        launch_pdl=use_pdl, **lay)
