@@ -64,7 +64,9 @@ w4a16)
     fi
     for r in $(seq 1 ${ROUNDS:-2}); do
         [ -z "${SKIP_BF16:-}" ] && { step "8B decode step, bf16 (round $r)"; latency bf16-r$r; }
-        step "8B decode step, int4 W4A16 (round $r)"; latency int4-r$r --quantization int4
+        if [ -z "${SKIP_INT4:-}" ]; then  # SKIP_INT4=1 (with LM_HEAD=1): only the int4 lm_head's step
+            step "8B decode step, int4 W4A16 (round $r)"; latency int4-r$r --quantization int4
+        fi
         if [ -n "${LM_HEAD:-}" ]; then
             step "8B decode step, int4 W4A16 with an int4 lm_head (round $r)"
             latency int4-lm-head-r$r --quantization int4 --quantize-lm-head
