@@ -27,7 +27,9 @@ from nextok.kernels.triton import attention  # noqa: E402
 
 CASES = [(256, 576), (32, 4096)]
 H, KVH, D, PAGE = 32, 8, 128, 16
-TILES = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))
+# DECODE_TILES=NxWxS,...: only these (BLOCK_N x num_warps x num_stages)
+TILES = ([tuple(int(v) for v in t.split("x")) for t in os.environ["DECODE_TILES"].split(",")]
+         if os.environ.get("DECODE_TILES") else list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4))))
 
 
 def main() -> int:

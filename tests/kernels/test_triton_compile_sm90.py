@@ -44,7 +44,7 @@ for name, fn, types, const in json.loads(sys.argv[1]):
         out[name] = {"ok": True, "dp4a": "dp4a.u32.s32" in ptx and "dp4a.u32.u32" in ptx, "local": ".local" in ptx,
                      "load_before_wait": first("ld.global") < first("griddepcontrol.wait"),
                      "v4_loads": "ld.global.v4" in ptx,
-                     "f16_to_f32": "cvt.f32.f16" in ptx}
+                     "f16_to_f32": "cvt.f32.f16" in ptx, "e4m3x2": "cvt.rn.f16x2.e4m3x2" in ptx}
     except Exception as e:
         out[name] = {"ok": False, "error": str(e)[-2000:]}
 print(json.dumps(out))
@@ -170,3 +170,6 @@ def test_compiles_for_sm90(built, name):
         # fp8 keys and values go to float16 in one instruction per two and stay there; through
         # float32 to bfloat16 the 64-key decode tile took 944 instructions, not 764 (bf16: 495)
         assert not result["f16_to_f32"], "fp8 cache values converted through float32"
+    if name == "decode quant=2":
+        # the fp8 rows read as int32 words and converted two values an instruction (_e4m3_words)
+        assert result["e4m3x2"], "no cvt.rn.f16x2.e4m3x2 in the fp8 decode kernel"

@@ -141,10 +141,39 @@ def _from_byte(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_words(w, INTERPRET: tl.constexpr):
+    """int32 words [N, W] of four e4m3 values each (byte i: column 4 j + i) -> float16 [N, 4 W]:
+    on the GPU two cvt.rn.f16x2.e4m3x2 a word, in the registers the words were loaded into; the
+    interpreter, which runs no PTX, takes each byte through float32 (_from_byte)."""
+    if INTERPRET:
+        o0 = _from_byte((w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True), tl.float16, True)
+        o1 = _from_byte(((w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True), tl.float16, True)
+        o2 = _from_byte(((w >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True), tl.float16, True)
+        o3 = _from_byte(((w >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True), tl.float16, True)
+    else:
+        o0, o1, o2, o3 = tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; .reg .b32 r0, r1; mov.b32 {lo, hi}, $4; "
+            "cvt.rn.f16x2.e4m3x2 r0, lo; cvt.rn.f16x2.e4m3x2 r1, hi; "
+            "mov.b32 {$0, $1}, r0; mov.b32 {$2, $3}, r1; }",
+            "=h,=h,=h,=h,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+            is_pure=True, pack=1)
+    x = tl.join(tl.join(o0, o2), tl.join(o1, o3))  # [N, W, 2, 2]: [.., a, b] is o_(2a + b)
+    return tl.reshape(x, [w.shape[0], w.shape[1] * 4])
+
+
+@triton.jit
+def _fp8_tile(base, rows, k_ok, BD: tl.constexpr, INTERPRET: tl.constexpr):
+    # an fp8 tile [N, BD] (rows: each key's byte offset, BD = D) as float16, through int32 words
+    words = tl.load(base.to(tl.pointer_type(tl.int32)) + (rows // 4)[:, None]
+                    + tl.arange(0, BD // 4)[None, :], mask=k_ok[:, None], other=0)
+    return _e4m3_words(words, INTERPRET)
+
+
+@triton.jit
 def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, ks_base, vs_base, bt_row,
                  s_cb, s_cs, d_off, d_mask, qk_scale, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                  MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, QUANT: tl.constexpr,
-                 SCALE_COL: tl.constexpr, INTERPRET: tl.constexpr):
+                 SCALE_COL: tl.constexpr, INTERPRET: tl.constexpr, WORDS: tl.constexpr = False):
     # q: [M, BD]; acc: [M, BD] f32; m_i, l_i: [M] f32 (base-2 running max and sum).
     # Keys n0 + [0, BLOCK_N), only those < end loaded. MASK 0: every row sees every key (no
     # masking work); 1: keys < end; 2: causal on pos_q [M] (+ sliding window). Padding rows
@@ -154,7 +183,11 @@ def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, ks_ba
     blk = tl.load(bt_row + pos_k // PAGE, mask=k_ok, other=0)  # page of each key, int64
     off = blk[:, None] * s_cb + (pos_k % PAGE)[:, None] * s_cs + d_off[None, :]
     kv_mask = k_ok[:, None] & d_mask[None, :]
-    k = tl.load(k_base + off, mask=kv_mask, other=0.0)  # [N, BD]
+    if WORDS:  # fp8 rows of exactly BD values, read as words and converted in registers
+        k = _fp8_tile(k_base, blk * s_cb + (pos_k % PAGE) * s_cs, k_ok, d_off.shape[0],
+                      INTERPRET).to(q.dtype)  # (float16 already but for a float32 q)
+    else:
+        k = tl.load(k_base + off, mask=kv_mask, other=0.0)  # [N, BD]
     # int8 rows, each with its float32 scale (ks_base: the cache viewed as float32): the dots
     # take the integers, exact in q's dtype, and the scales multiply the [M, N] scores and
     # probabilities, 8 products a thread instead of 64 in each of K's and V's tiles
@@ -163,7 +196,7 @@ def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, ks_ba
         srow = blk * (s_cb // 4) + (pos_k % PAGE) * (s_cs // 4) + SCALE_COL
         row_scale = qk_scale * tl.load(ks_base + srow, mask=k_ok, other=0.0)[None, :]  # [1, N]
         k = _from_byte(k, q.dtype, INTERPRET)
-    if QUANT == 2:  # fp8 rows: the values themselves, to q's float16 (see _fp8_query)
+    if QUANT == 2 and not WORDS:  # fp8 rows: the values themselves, to q's float16 (_fp8_query)
         k = _from_byte(k, q.dtype, INTERPRET)
     if INTERPRET:  # the interpreter's tl.dot multiplies bfloat16's raw bits: upcast there
         q, k = q.to(tl.float32), k.to(tl.float32)
@@ -181,12 +214,16 @@ def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, ks_ba
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet: 0
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
-    v = tl.load(v_base + off, mask=kv_mask, other=0.0)
+    if WORDS:
+        v = _fp8_tile(v_base, blk * s_cb + (pos_k % PAGE) * s_cs, k_ok, d_off.shape[0],
+                      INTERPRET).to(q.dtype)
+    else:
+        v = tl.load(v_base + off, mask=kv_mask, other=0.0)
     pv = p
     if QUANT == 1:  # p @ (v_int * scale) = (p * scale) @ v_int
         pv = p * tl.load(vs_base + srow, mask=k_ok, other=0.0)[None, :]
         v = _from_byte(v, q.dtype, INTERPRET)
-    if QUANT == 2:
+    if QUANT == 2 and not WORDS:
         v = _from_byte(v, q.dtype, INTERPRET)
     pv = pv.to(v.dtype)
     if INTERPRET:
@@ -200,7 +237,8 @@ def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, ks_ba
 def _attend_range(q, acc, m_i, l_i, start, end, pos_q, window, k_base, v_base, ks_base, vs_base,
                   bt_row, s_cb, s_cs, d_off, d_mask, qk_scale, PAGE: tl.constexpr,
                   BLOCK_N: tl.constexpr, MASK: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                  QUANT: tl.constexpr, SCALE_COL: tl.constexpr, INTERPRET: tl.constexpr):
+                  QUANT: tl.constexpr, SCALE_COL: tl.constexpr, INTERPRET: tl.constexpr,
+                  WORDS: tl.constexpr = False):
     # Tiles n0 = start, start + BLOCK_N, ... < end. Triton 3.6's interpreter cannot take tensor
     # bounds in range() under numpy >= 2.4 (triton-lang/triton#9171), so it runs a while loop;
     # compiled code keeps the for loop, which Triton software-pipelines.
@@ -210,14 +248,14 @@ def _attend_range(q, acc, m_i, l_i, start, end, pos_q, window, k_base, v_base, k
             acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base,
                                          ks_base, vs_base, bt_row, s_cb, s_cs, d_off, d_mask,
                                          qk_scale, PAGE, BLOCK_N, MASK, HAS_WINDOW, QUANT,
-                                         SCALE_COL, INTERPRET)
+                                         SCALE_COL, INTERPRET, WORDS)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
             acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base,
                                          ks_base, vs_base, bt_row, s_cb, s_cs, d_off, d_mask,
                                          qk_scale, PAGE, BLOCK_N, MASK, HAS_WINDOW, QUANT,
-                                         SCALE_COL, INTERPRET)
+                                         SCALE_COL, INTERPRET, WORDS)
     return acc, m_i, l_i
 
 
@@ -263,7 +301,8 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr
                                   ks_ptr + kvh * (s_ch // 4), vs_ptr + kvh * (s_ch // 4),
                                   bt_ptr + b * s_bt, s_cb, s_cs, d * s_cd, d_mask, qk_scale, PAGE,
                                   BLOCK_N, MASK=1, HAS_WINDOW=False, QUANT=QUANT,
-                                  SCALE_COL=D // 4, INTERPRET=INTERPRET)
+                                  SCALE_COL=D // 4, INTERPRET=INTERPRET,
+                                  WORDS=(QUANT == 2) and (D == BLOCK_D))
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # 0 for an empty split
     o = acc / l_safe[:, None]
     if num_splits == 1:  # nothing to reduce: write the output directly
