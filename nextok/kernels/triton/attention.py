@@ -113,7 +113,8 @@ def _fp8_query(q, QUANT: tl.constexpr):
     value is exact in float16, which Hopper converts to in one instruction per two values
     (to bfloat16 it took ~4, through float32): on sm_90 the decode kernel's 64-key tile was 944
     instructions on fp8 caches and 495 on bf16 ones, and an fp8 cache's decode step was no
-    faster than bf16's (H200, 2026-12-05); now 764. float16 holds every bfloat16 q exactly but
+    faster than bf16's (H200, 2026-12-05); 764 then, 566 with the decode kernel's words
+    (_fp8_tile). float16 holds every bfloat16 q exactly but
     for |q| over 65504 (clamped) or under 2^-14; p in [0, 1] loses nothing either."""
     if QUANT == 2 and q.dtype == tl.bfloat16:
         q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
@@ -163,7 +164,12 @@ def _e4m3_words(w, INTERPRET: tl.constexpr):
 
 @triton.jit
 def _fp8_tile(base, rows, k_ok, BD: tl.constexpr, INTERPRET: tl.constexpr):
-    # an fp8 tile [N, BD] (rows: each key's byte offset, BD = D) as float16, through int32 words
+    # An fp8 tile [N, BD] (rows: each key's byte offset, BD = D) as float16, through int32 words.
+    # Why: loaded as bytes, Triton took them to the mma layout through shared memory one byte
+    # at a time (sm_90: 112 shared loads a 64-key decode tile, 725 instructions; now 44 and
+    # 566). On an H100 the 256 x 576 decode went 1.36x -> 1.55x the bf16 cache's speed
+    # (2026-12-06-day-h100.md). The paged prefill keeps byte loads: its fp8 tile was not slower
+    # than bf16's there (576 against 602 instructions).
     words = tl.load(base.to(tl.pointer_type(tl.int32)) + (rows // 4)[:, None]
                     + tl.arange(0, BD // 4)[None, :], mask=k_ok[:, None], other=0)
     return _e4m3_words(words, INTERPRET)
