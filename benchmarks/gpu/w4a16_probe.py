@@ -56,10 +56,17 @@ DP4A = [dict(BLOCK_N=bn, TW=32, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1,
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 if os.environ.get("PROBE_STREAM", "1") != "0":
     DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=nw, num_stages=3, SPLIT=1, BLOCK_M=1, DEPTH=1, XAHEAD=0,
-                  STREAM=per_sm * SMS) for bn, nw, per_sm in itertools.product((64, 128), (4, 8), (1, 2, 3, 4))]
-# 4 and 8 rows: all rows in one program
-ROWS = {rows: [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=rows, DEPTH=1, XAHEAD=xa)
-               for bn, tw, nw, sp, xa in itertools.product((32, 64), (16, 32), (4, 8), (2, 4, 8), (0, 1))]
+                  STREAM=per_sm * SMS, XRUN=xr)
+             for bn, nw, per_sm, xr in itertools.product((64, 128), (4, 8), (1, 2, 3, 4), (0, 1))]
+# XRUN: x's fixed point per run of 4 words, whose products add up in dp4a's accumulator (w4a16.py);
+# one row: beside the stream's, at the split-K tiles that won on either card
+DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=4, num_stages=3, SPLIT=sp, BLOCK_M=1, DEPTH=1, XAHEAD=1, XRUN=1)
+         for bn, sp in itertools.product((64, 128), (4, 8))]
+# 4 and 8 rows: all rows in one program; BLOCK_N 64 (32 never won at 4 or 8 rows: H200
+# 2026-12-05, H100 2026-12-06)
+ROWS = {rows: [dict(BLOCK_N=64, TW=tw, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=rows, DEPTH=1, XAHEAD=xa,
+                    XRUN=xr)
+               for tw, nw, sp, xa, xr in itertools.product((16, 32), (4, 8), (2, 4, 8), (0, 1), (0, 1))]
         for rows in (4, 8)}
 
 

@@ -138,10 +138,18 @@ def _specs() -> list:
                                BLOCK_N=128 // block_m, PDL=True, INTERPRET=False, KW_INTERPRET=0,
                                LN=ln, LW=16 if ln else 1, DEPTH=depth, XAHEAD=xahead > 0, UNROLL=xahead == 2,
                                EVEN=even)))
-    for silu in (False, True):
-        specs.append((f"w4a16 dp4a stream silu_mul={silu}", ("w4a16_stream", "_w4a16_stream_kernel"), w4,
+    # XRUN: x's fixed point per run of 4 words, the run's products in dp4a's accumulator
+    for block_m, split, silu, gt, xahead in ((1, 8, False, 2, 1), (4, 2, True, 1, 0), (8, 4, False, 1, 1)):
+        specs.append((f"w4a16 dp4a rows={block_m} split={split}{' silu_mul' if silu else ''} xrun",
+                      ("w4a16", "_w4a16_dp4a_kernel"),
+                      w4, dict(WPG=16, GT=gt, SPLIT=split, HAS_BIAS=True, SILU_MUL=silu, BLOCK_M=block_m,
+                               BLOCK_N=64, PDL=True, INTERPRET=False, KW_INTERPRET=0, LN=64, LW=16,
+                               DEPTH=1, XAHEAD=xahead > 0, UNROLL=False, EVEN=True, XRUN=1)))
+    for silu, xrun in ((False, 0), (True, 0), (True, 1)):
+        specs.append((f"w4a16 dp4a stream silu_mul={silu}{' xrun' if xrun else ''}",
+                      ("w4a16_stream", "_w4a16_stream_kernel"), w4,
                       dict(WPG=16, GT=2, HAS_BIAS=True, SILU_MUL=silu, BLOCK_N=128, PDL=True,
-                           INTERPRET=False, LN=64, LW=16)))
+                           INTERPRET=False, LN=64, LW=16, XRUN=xrun)))
     return specs
 
 

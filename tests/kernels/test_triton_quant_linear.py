@@ -40,9 +40,10 @@ def _data(dtype, n, k, rows):
     return w, x, (torch.randn(n, generator=gen) * 0.1).to(DEVICE, dtype)
 
 
-def _fixed_point(x: torch.Tensor) -> torch.Tensor:
-    """x as the dp4a kernel reads it: per 8 columns, round(x / s) * s with s = 2^(E - 13)."""
-    words = x.float().reshape(x.shape[0], -1, 8)
+def _fixed_point(x: torch.Tensor, cols: int = 8) -> torch.Tensor:
+    """x as the dp4a kernel reads it: per 8 columns (XRUN: 32), round(x / s) * s with
+    s = 2^(E - 13)."""
+    words = x.float().reshape(x.shape[0], -1, cols)
     _, e = torch.frexp(words.abs().amax(-1, keepdim=True).clamp_min(1e-30))  # amax = m 2^e, m in [0.5, 1)
     s = torch.ldexp(torch.ones_like(words), e - 14)
     return (torch.round(words / s) * s).reshape(x.shape).to(x.dtype)
@@ -177,6 +178,7 @@ def test_committed_tile_tables_are_well_formed():
                 if cls != "16":
                     assert tile["BLOCK_M"] == int(cls) and tile["SPLIT"] in (1, 2, 4, 8, 16), (path, shape)
                     assert tile.get("DEPTH", 1) in (1, 2) and tile.get("XAHEAD", 0) in (0, 1), (path, shape)
+                    assert tile.get("XRUN", 0) in (0, 1), (path, shape)
                     assert tile.get("UNROLL", 0) in (0, tile.get("XAHEAD", 0)), (path, shape)  # needs XAHEAD
                     assert tile.get("maxnreg", 128) in (64, 96, 128, 168, 255), (path, shape)
                     assert cls == "1" or "STREAM" not in tile, (path, shape)  # one row only
@@ -288,6 +290,44 @@ def test_w4a16_stream_gives_the_split_grids_products(monkeypatch, programs):
             assert torch.equal(g, e)
         else:
             _close(g, e)
+
+
+@pytest.mark.parametrize("stream", [0, 3])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_w4a16_with_x_in_fixed_point_per_run_of_words(monkeypatch, rows, stream):
+    """XRUN: x in fixed point per run of 4 words (32 columns; their largest |x| sets the step)
+    and the run's products summed in dp4a's accumulator, the hi and lo bytes apart: the
+    products of x so rounded (in float32 to float32's tolerance), on the split grid and the
+    stream, on tiled words, with bias and with silu(gate) * up; within bfloat16's tolerance of
+    x itself."""
+    from nextok.kernels.triton import w4a16_tiles
+
+    if stream and rows > 1:
+        pytest.skip("the stream takes one row")
+    n, k, group = SHAPES[0]
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    w, x, b = _data(dtype, n, k, rows)
+    x[:, 8:16] = 0  # a word of zeros in a group with others
+    x[:, 3] *= 50  # an outlier sets its group's step
+    gate_up = torch.randn(rows, 2 * k, generator=torch.Generator().manual_seed(rows)).to(DEVICE, dtype)
+    q, d, m = quantize_groups(w, group)
+    words, d, m = pack_words(q).to(DEVICE), d.to(DEVICE), m.to(DEVICE)
+    tiled = words4.tile_words(words, TILES)
+    deq = dequantize_groups(q, d.cpu(), m.cpu()).to(DEVICE, dtype)
+    dq = dequantize_groups(q, d.cpu(), torch.zeros_like(m.cpu())).to(DEVICE, dtype)
+    tile = dict(XRUN=1, **(dict(SPLIT=1, DEPTH=1, XAHEAD=0, STREAM=stream) if stream else {}))
+    config = w4a16_tiles.config
+    monkeypatch.setattr(w4a16_tiles, "config", lambda *a: (lambda dot, cfg: (dot, dict(cfg, **tile)))(*config(*a)))
+    h = gate_up[:, :k].float()
+    h = (h / (1 + torch.exp(-h)) * gate_up[:, k:].float()).to(dtype)  # silu(gate) * up
+    for inp, got in ((x, w4a16(x, tiled, d, m, b, layout=TILES)),
+                     (h, w4a16(gate_up, tiled, d, m, b, silu_mul=True, layout=TILES))):
+        torch.testing.assert_close(got, torch.nn.functional.linear(inp, deq) + b, rtol=2e-2, atol=2e-2)
+        if dtype == torch.float32:
+            want = (torch.nn.functional.linear(_fixed_point(inp, 32), dq)
+                    + torch.nn.functional.linear(inp, deq - dq))
+            _close(got, want + b)
+    assert torch.equal(w4a16(x, words, d, m, b), w4a16(x, tiled, d, m, b, layout=TILES))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

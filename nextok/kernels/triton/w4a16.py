@@ -23,6 +23,16 @@ largest one, all of a bfloat16 word but outliers, is exact; the others are off b
 a program takes BLOCK_M rows of x, so W's words are unpacked once for all of them. Small N
 splits K over SPLIT programs (an 8B o_proj has 4096 rows: 32 tiles of 128 for 132 SMs).
 
+XRUN (a tile option): one fixed point per run of 4 words (32 columns, the words a thread loads
+together) instead of per word, so a run's 16 dp4a chain through one accumulator, its hi and lo
+bytes apart, and only the run's sum turns into a float. On sm_90 (SASS counted on the CPU) a
+tile's loop per word of W: 8 rows 87.1 -> 69.5 instructions, 4 rows 51.1 -> 43.0, one row 19.4
+-> 17.4, the one-row stream with silu 26.8 -> 24.8. On the default model's activations
+(benchmarks/fixed_point_error.py, 2026-12-06-fixed-point-error-cpu.json) it moves a layer's
+output by 3.9e-5 of its norm (median; max 2.7e-4) against 1.9e-5 per word, while rounding x
+to bfloat16 moves it by 1.4e-3 and the int4 weight by 7e-2. Not timed on a GPU yet: the sweep
+(w4a16_probe.py) offers it and the tables take it where it wins.
+
 More rows (9-16): w4a16_dot.py, each tile dequantized to x's dtype and multiplied with tl.dot.
 
 Measured on an H200 (2026-12-04, benchmarks/gpu/w4a16_probe.py; results
@@ -104,9 +114,37 @@ def _tile_loads(w_tile, wword, kw0, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_
 
 
 @triton.jit
+def _runs(v, NS: tl.constexpr):
+    # [A, B, GT, WPG] -> the words 4 r + k of each run r of 4, four tensors [A, B, GT, NS]
+    a, b = tl.split(tl.reshape(v, [v.shape[0], v.shape[1], v.shape[2], NS, 2, 2]))
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    return a0, a1, b0, b1
+
+
+@triton.jit
+def _run_dots(we, wo, xe, xo, SIGNED: tl.constexpr, NS: tl.constexpr, INTERPRET: tl.constexpr):
+    # sum over the 4 words of each run of dp4a(we, xe) + dp4a(wo, xo), chained through dp4a's
+    # accumulator: [BLOCK_M, BLOCK_N, GT, NS] int32 (|sum| < 32 * 15 * 128 for the hi bytes)
+    we0, we1, we2, we3 = _runs(we, NS)
+    wo0, wo1, wo2, wo3 = _runs(wo, NS)
+    xe0, xe1, xe2, xe3 = _runs(xe, NS)
+    xo0, xo1, xo2, xo3 = _runs(xo, NS)
+    t = _dp4a(we0, xe0, tl.zeros([xe.shape[0], we.shape[1], we.shape[2], NS], dtype=tl.int32),
+              SIGNED, INTERPRET)
+    t = _dp4a(wo0, xo0, t, SIGNED, INTERPRET)
+    t = _dp4a(we1, xe1, t, SIGNED, INTERPRET)
+    t = _dp4a(wo1, xo1, t, SIGNED, INTERPRET)
+    t = _dp4a(we2, xe2, t, SIGNED, INTERPRET)
+    t = _dp4a(wo2, xo2, t, SIGNED, INTERPRET)
+    t = _dp4a(we3, xe3, t, SIGNED, INTERPRET)
+    return _dp4a(wo3, xo3, t, SIGNED, INTERPRET)
+
+
+@triton.jit
 def _tile_products(acc, w, x, up, d, mn, x_dtype: tl.constexpr, SILU_MUL: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GT: tl.constexpr,
-                   WPG: tl.constexpr, INTERPRET: tl.constexpr):
+                   WPG: tl.constexpr, INTERPRET: tl.constexpr, XRUN: tl.constexpr = False):
     # acc [BLOCK_M, BLOCK_N, GT, WPG / 4] += one tile's products: W's words w [1, BLOCK_N, GT, WPG], x's
     # [BLOCK_M, GT, WPG, 8] as stored (and up's, for SILU_MUL), the groups' d and m [1, BLOCK_N, GT].
     # x in fixed point per word: x = s (256 hi + lo), s = 2^(E - 13)
@@ -115,6 +153,9 @@ def _tile_products(acc, w, x, up, d, mn, x_dtype: tl.constexpr, SILU_MUL: tl.con
         x = _round(x / (1.0 + tl.exp(-x)), x_dtype)
         x = _round(x * up.to(tl.float32), x_dtype)
     amax = tl.maximum(tl.max(tl.abs(x), axis=3), 1e-30)  # [BLOCK_M, GT, WPG]
+    if XRUN:  # one fixed point per run of 4 words, [BLOCK_M, GT, WPG] (4 alike)
+        amax = tl.reshape(tl.broadcast_to(tl.max(tl.reshape(amax, [BLOCK_M, GT, WPG // 4, 4]), axis=3)[:, :, :, None],
+                                          [BLOCK_M, GT, WPG // 4, 4]), [BLOCK_M, GT, WPG])
     s = (amax.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True) * (1.0 / 8192.0)
     # round to nearest: 1.5 * 2^23 + v holds round(v) in its low mantissa bits (|v| < 2^14)
     xq = (x * (1.0 / s)[:, :, :, None] + 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000
@@ -129,16 +170,26 @@ def _tile_products(acc, w, x, up, d, mn, x_dtype: tl.constexpr, SILU_MUL: tl.con
     ops_hi, ops_lo = tl.split(ops[:, None, :, :, :, :])  # [BLOCK_M, 1, GT, WPG, 2] each
     b_hi_e, b_hi_o = tl.split(ops_hi)
     b_lo_e, b_lo_o = tl.split(ops_lo)
-    zero = tl.zeros([BLOCK_M, BLOCK_N, GT, WPG], dtype=tl.int32)
-    t = _dp4a(we, b_hi_e, zero, True, INTERPRET)
-    t = _dp4a(wo, b_hi_o, t, True, INTERPRET) << 8
-    t = _dp4a(we, b_lo_e, t, False, INTERPRET)
-    t = _dp4a(wo, b_lo_o, t, False, INTERPRET)
     # acc [BLOCK_M, BLOCK_N, GT, NS] holds a sum per run of 4 words (NS = WPG / 4 a group), the
     # 4 words a thread loads together: the group's sum across threads is left to the end, not
     # shuffled together every tile (on sm_90 ~1.5 instructions a word of W)
     NS: tl.constexpr = WPG // 4
-    part = tl.sum(tl.reshape(t.to(tl.float32) * s[:, None, :, :], [BLOCK_M, BLOCK_N, GT, NS, 4]), axis=4)
+    if XRUN:
+        # x's scale is the group's, so a run's words add up in dp4a's accumulator, the hi and
+        # lo bytes apart, and only the run's sum turns into a float: 4 dp4a a word and row, and
+        # per run one multiply-add, a conversion and an FMA (against a shift, a conversion and
+        # two float ops a word)
+        t = (_run_dots(we, wo, b_hi_e, b_hi_o, True, NS, INTERPRET) * 256
+             + _run_dots(we, wo, b_lo_e, b_lo_o, False, NS, INTERPRET))
+        s_run = tl.max(tl.reshape(s, [BLOCK_M, GT, NS, 4]), axis=3)  # [BLOCK_M, GT, NS]
+        part = t.to(tl.float32) * s_run[:, None, :, :]
+    else:
+        zero = tl.zeros([BLOCK_M, BLOCK_N, GT, WPG], dtype=tl.int32)
+        t = _dp4a(we, b_hi_e, zero, True, INTERPRET)
+        t = _dp4a(wo, b_hi_o, t, True, INTERPRET) << 8
+        t = _dp4a(we, b_lo_e, t, False, INTERPRET)
+        t = _dp4a(wo, b_lo_o, t, False, INTERPRET)
+        part = tl.sum(tl.reshape(t.to(tl.float32) * s[:, None, :, :], [BLOCK_M, BLOCK_N, GT, NS, 4]), axis=4)
     xsum = tl.sum(tl.reshape(tl.sum(x, axis=3), [BLOCK_M, GT, NS, 4]), axis=3)[:, None, :, :]
     d4, mn4 = tl.split(tl.join(d, mn)[:, :, :, None, :])  # (one trip to the products' layout)
     return acc + part * d4 + mn4 * xsum
@@ -151,7 +202,7 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                        INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr, LN: tl.constexpr,
                        LW: tl.constexpr, DEPTH: tl.constexpr, XAHEAD: tl.constexpr,
-                       EVEN: tl.constexpr, UNROLL: tl.constexpr = 0):
+                       EVEN: tl.constexpr, UNROLL: tl.constexpr = 0, XRUN: tl.constexpr = 0):
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),): a program takes BLOCK_M rows of x,
     # BLOCK_N rows of W and a SPLIT-th of K; the programs of one tile of W run side by side, so
     # its bytes come from DRAM once. x [M, 8 KW]; words [N, KW]; d, m [N, G]; y [M, N]. A tile:
@@ -240,20 +291,20 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
                     w_tile, wword, kw0 + 2 * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G,
                     x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
             acc = _tile_products(acc, a_w, a_x, a_up, a_d, a_m, x_ptr.dtype.element_ty, SILU_MUL,
-                                 BLOCK_M, BLOCK_N, GT, WPG, INTERPRET)
+                                 BLOCK_M, BLOCK_N, GT, WPG, INTERPRET, XRUN)
             a_w, a_x, a_up, a_d, a_m = _tile_loads(
                 w_tile, wword, kw0 + (DEPTH + 1) * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok,
                 G, x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
             if kw0 + TW < (KW_INTERPRET if INTERPRET else kw_hi):
                 acc = _tile_products(acc, b_w, b_x, b_up, b_d, b_m, x_ptr.dtype.element_ty, SILU_MUL,
-                                     BLOCK_M, BLOCK_N, GT, WPG, INTERPRET)
+                                     BLOCK_M, BLOCK_N, GT, WPG, INTERPRET, XRUN)
             if DEPTH == 2:
                 b_w, b_x, b_up, b_d, b_m = _tile_loads(
                     w_tile, wword, kw0 + 4 * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G,
                     x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
                 if kw0 + 2 * TW < (KW_INTERPRET if INTERPRET else kw_hi):
                     acc = _tile_products(acc, c_w, c_x, c_up, c_d, c_m, x_ptr.dtype.element_ty,
-                                         SILU_MUL, BLOCK_M, BLOCK_N, GT, WPG, INTERPRET)
+                                         SILU_MUL, BLOCK_M, BLOCK_N, GT, WPG, INTERPRET, XRUN)
     if not UNROLL:
         for kw0 in range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi, TW):
             w = w_next
@@ -270,7 +321,7 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
                 x, up = _x_tile(x_rows, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
                 d, mn = _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG, GT, EVEN)
             acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, BLOCK_M,
-                                 BLOCK_N, GT, WPG, INTERPRET)
+                                 BLOCK_N, GT, WPG, INTERPRET, XRUN)
     out = tl.sum(tl.sum(acc, axis=3), axis=2)  # [BLOCK_M, BLOCK_N]
     ym = rows[:, None] * s_ym + n[None, :]
     y_ok = row_ok[:, None] & n_ok[None, :]

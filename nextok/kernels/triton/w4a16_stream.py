@@ -26,7 +26,8 @@ from nextok.kernels.triton.w4a16 import INTERPRETED, _scales, _scratch, _tile_pr
 def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
                          N, KW, G, WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
                          SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-                         INTERPRET: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr):
+                         INTERPRET: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr,
+                         XRUN: tl.constexpr = 0):
     # One row of x, as a stream: the steps (row tile r of BLOCK_N rows of W, K tile of TW
     # words), row tile by row tile and K in order within one, are cut into num_programs equal
     # runs, one a program. A program streams its run with the next step's words in flight and
@@ -65,14 +66,14 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, cou
             acc, w_next, sc_next, x_next, r, kw0 = _stream_step(
                 acc, w_next, sc_next, x_next, r, kw0, it + 1 < it_hi, T, total, P, pid, w_tile,
                 wword, lane, x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-                N, KW, G, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN)
+                N, KW, G, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN)
             it += 1
     else:
         for it in range(it_lo, it_hi):
             acc, w_next, sc_next, x_next, r, kw0 = _stream_step(
                 acc, w_next, sc_next, x_next, r, kw0, it + 1 < it_hi, T, total, P, pid, w_tile,
                 wword, lane, x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-                N, KW, G, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN)
+                N, KW, G, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN)
 
 
 @triton.jit
@@ -80,7 +81,7 @@ def _stream_step(acc, w_next, sc_next, x_next, r, kw0, more, T, total, P, pid, w
                  x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G,
                  WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
                  SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
-                 LN: tl.constexpr):
+                 LN: tl.constexpr, XRUN: tl.constexpr):
     # The step at (row tile r, word kw0): its products from what the last step loaded, the
     # next step's words, scales and x loaded meanwhile (W's not past the run: `more`); at the
     # row tile's last K tile or the run's last step the sums leave (_stream_flush).
@@ -96,7 +97,7 @@ def _stream_step(acc, w_next, sc_next, x_next, r, kw0, more, T, total, P, pid, w
     sc_next = _stream_scales(d_ptr, m_ptr, lane, r_next, kw_next, N, KW, G, BLOCK_N, WPG, GT)
     x_next = _x_tile(x_rows, kw_next + xword, True, 0, KW, KW, SILU_MUL)
     acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, 1, BLOCK_N, GT,
-                         WPG, INTERPRET)
+                         WPG, INTERPRET, XRUN)
     if last_k | (not more):
         _stream_flush(tl.sum(tl.sum(acc, axis=3), axis=2), r, r * BLOCK_N + lane, T, total, P, pid, b_ptr, y_ptr,
                       part_ptr, count_ptr, N, HAS_BIAS)
@@ -168,5 +169,6 @@ def stream(x, words, d, m, bias, y, silu_mul: bool, layout, use_pdl: bool, cfg: 
     _w4a16_stream_kernel[(programs,)](
         x, words, d, m, bias if bias is not None else d, y, part, count, n, kw, d.shape[1],
         WPG=wpg, GT=gt, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, PDL=use_pdl,
+        XRUN=cfg.get("XRUN", 0),
         INTERPRET=INTERPRETED, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         launch_pdl=use_pdl, **lay)

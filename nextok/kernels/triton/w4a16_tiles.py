@@ -4,6 +4,7 @@ Tuned tiles per GPU: {"<N>x<K>": {row class: tile}} (tile: BLOCK_N, TW words per
 num_warps, num_stages, and for dp4a SPLIT, BLOCK_M, DEPTH, how many tiles of W ahead it loads
 (1 if absent), XAHEAD, whether x's tiles are loaded one ahead too (0 if absent), and UNROLL,
 whether the loop takes DEPTH + 1 tiles a turn in buffers of their own (with XAHEAD; 0 if absent),
+XRUN, whether x's fixed point is per run of 4 words instead of per word (0 if absent; w4a16.py),
 and maxnreg, a cap on the registers a thread (ptxas: the programs an SM holds); one row
 may instead take STREAM programs of w4a16_stream.py's kernel, each a run of the (row tile,
 K tile) steps (0 or absent: the split-K grid); row classes: _row_class), written by
@@ -72,7 +73,8 @@ def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
     extra = dict(BLOCK_M=16) if dot else dict(
         SPLIT=tile.get("SPLIT", 1), BLOCK_M=min(tile.get("BLOCK_M", 1), triton.next_power_of_2(m)),
         DEPTH=tile.get("DEPTH", 1), XAHEAD=tile.get("XAHEAD", 0),
-        UNROLL=tile.get("UNROLL", 0) if tile.get("XAHEAD", 0) else 0)  # UNROLL needs XAHEAD
+        UNROLL=tile.get("UNROLL", 0) if tile.get("XAHEAD", 0) else 0,  # UNROLL needs XAHEAD
+        XRUN=tile.get("XRUN", 0))
     if not dot and m == 1 and tile.get("STREAM"):
         extra["STREAM"] = tile["STREAM"]
     if not dot and tile.get("maxnreg") and "STREAM" not in extra:  # ptxas's register cap
