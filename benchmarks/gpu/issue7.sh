@@ -134,21 +134,16 @@ fp8-kv)
     ;;
 plan)
     # What item 4 still needs, most needed first, under one call's deadline (DEADLINE=S; a step
-    # that would not finish is skipped): the one-row W4A16 sweep (SKIP_PROBE=1: the committed
-    # tiles) and the 8B step on its table, bf16 then int4 then int4 with an int4 lm_head
-    # (~75 s each on a warm card: 60 s cut them on 2026-12-06); the one-row kernel on x made
-    # into dp4a operands beforehand (xq_probe.py, ~30 s); the FP8 throughput pair; with
-    # TESTS_FIRST=1, first the CUDA tests of what changed (FP8's fused producers, W4A16's whole
-    # tiles and unrolled loop, attention on quantized caches).
-    if [ -n "${TESTS_FIRST:-}" ]; then
-        Q=tests/kernels/test_triton_quant_linear.py
-        TESTS="tests/quant/test_fp8.py $Q::test_w4a16_loading_tiles_ahead_gives_the_same_products $Q::test_w4a16_on_whole_tiles_drops_the_masks_and_gives_the_same_products tests/kernels/test_triton_attention.py" \
-            T_TESTS=${T_TESTS:-60} bash "$0" tests
-    fi
-    PROBE_ROWS=${PROBE_ROWS:-1} T_PROBE=${T_PROBE:-120} SKIP_TESTS=1 ROUNDS=1 LM_HEAD=${LM_HEAD:-1} T_LAT=${T_LAT:-100} \
+    # that would not finish is skipped): the CUDA tests of what no GPU has run yet (the fp8
+    # cache's decode on int32 words, W4A16's XRUN); the W4A16 sweep at 1, 4 and 8 rows, XRUN
+    # among its tiles (SKIP_PROBE=1: the committed tiles), and the 8B step on its table, bf16
+    # then int4 then int4 with an int4 lm_head (~75 s each on a warm card); the FP8 throughput
+    # pair. (2026-12-06: the sweep at 1 row took ~50 s on an H100, at 4 and 8 rows ~100 s.)
+    Q=tests/kernels/test_triton_quant_linear.py
+    TESTS="tests/kernels/test_triton_attention.py::test_fp8_kv_cache $Q::test_w4a16_with_x_in_fixed_point_per_run_of_words" \
+        T_TESTS=${T_TESTS:-90} bash "$0" tests
+    PROBE_ROWS=${PROBE_ROWS:-1,4,8} T_PROBE=${T_PROBE:-240} SKIP_TESTS=1 ROUNDS=1 LM_HEAD=${LM_HEAD:-1} T_LAT=${T_LAT:-100} \
         bash "$0" w4a16
-    step "W4A16 with x as premade dp4a operands, against the engine's kernel (xq_probe.py)"
-    run_for 60 python3 benchmarks/gpu/xq_probe.py "$OUT/xq-probe.json" 2>&1 | grep -v Warning | tail -5
     TP_RUNS="bf16 fp8kv" KV_KINDS="" T_TP=100 bash "$0" fp8-kv
     ;;
 *)
