@@ -137,7 +137,7 @@ def _specs() -> list:
                       w4, dict(WPG=16, GT=gt, SPLIT=split, HAS_BIAS=True, SILU_MUL=silu, BLOCK_M=block_m,
                                BLOCK_N=128 // block_m, PDL=True, INTERPRET=False, KW_INTERPRET=0,
                                LN=ln, LW=16 if ln else 1, DEPTH=depth, XAHEAD=xahead > 0, UNROLL=xahead == 2,
-                               EVEN=even)))
+                               EVEN=even, XRUN=0)))
     # XRUN: x's fixed point per run of 4 words, the run's products in dp4a's accumulator
     for block_m, split, silu, gt, xahead in ((1, 8, False, 2, 1), (4, 2, True, 1, 0), (8, 4, False, 1, 1)):
         specs.append((f"w4a16 dp4a rows={block_m} split={split}{' silu_mul' if silu else ''} xrun",

@@ -93,6 +93,14 @@ function setupControls(editor) {
   }).catch(() => setStatus("cannot reach the server", true));
 }
 
+// Monaco rejects its own superseded inline-completion promises with a CancellationError
+// ("Canceled") that nothing awaits (microsoft/monaco-editor#4554, #4767): a keystroke during a
+// slow completion surfaced it as an unhandled rejection in the page. A cancellation is the
+// expected outcome there, so that one error is not reported; every other still is.
+window.addEventListener("unhandledrejection", (e) => {
+  if (e.reason && e.reason.name === "Canceled" && e.reason.message === "Canceled") e.preventDefault();
+});
+
 require.config({ paths: { vs: "/playground/vs" } });
 require(["vs/editor/editor.main"], () => {
   const editor = monaco.editor.create($("editor"), {
