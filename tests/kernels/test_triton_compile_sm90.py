@@ -179,5 +179,5 @@ def test_compiles_for_sm90(built, name):
         # float32 to bfloat16 the 64-key decode tile took 944 instructions, not 764 (bf16: 495)
         assert not result["f16_to_f32"], "fp8 cache values converted through float32"
     if name == "decode quant=2":
-        # the fp8 rows read as int32 words and converted two values an instruction (_e4m3_words)
+        # the fp8 rows read as int32 words and converted two values an instruction (e4m3_words)
         assert result["e4m3x2"], "no cvt.rn.f16x2.e4m3x2 in the fp8 decode kernel"

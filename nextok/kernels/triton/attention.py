@@ -31,7 +31,7 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from nextok.kernels.triton import pdl
-from nextok.kernels.triton.e4m3 import to_e4m3
+from nextok.kernels.triton.e4m3 import fp8_tile, to_e4m3
 from nextok.kernels.triton.pdl import pdl_wait
 
 LOG2E = 1.4426950408889634
@@ -114,7 +114,7 @@ def _fp8_query(q, QUANT: tl.constexpr):
     (to bfloat16 it took ~4, through float32): on sm_90 the decode kernel's 64-key tile was 944
     instructions on fp8 caches and 495 on bf16 ones, and an fp8 cache's decode step was no
     faster than bf16's (H200, 2026-12-05); 764 then, 566 with the decode kernel's words
-    (_fp8_tile). float16 holds every bfloat16 q exactly but
+    (e4m3.fp8_tile). float16 holds every bfloat16 q exactly but
     for |q| over 65504 (clamped) or under 2^-14; p in [0, 1] loses nothing either."""
     if QUANT == 2 and q.dtype == tl.bfloat16:
         q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
@@ -142,40 +142,6 @@ def _from_byte(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _e4m3_words(w, INTERPRET: tl.constexpr):
-    """int32 words [N, W] of four e4m3 values each (byte i: column 4 j + i) -> float16 [N, 4 W]:
-    on the GPU two cvt.rn.f16x2.e4m3x2 a word, in the registers the words were loaded into; the
-    interpreter, which runs no PTX, takes each byte through float32 (_from_byte)."""
-    if INTERPRET:
-        o0 = _from_byte((w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True), tl.float16, True)
-        o1 = _from_byte(((w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True), tl.float16, True)
-        o2 = _from_byte(((w >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True), tl.float16, True)
-        o3 = _from_byte(((w >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True), tl.float16, True)
-    else:
-        o0, o1, o2, o3 = tl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; .reg .b32 r0, r1; mov.b32 {lo, hi}, $4; "
-            "cvt.rn.f16x2.e4m3x2 r0, lo; cvt.rn.f16x2.e4m3x2 r1, hi; "
-            "mov.b32 {$0, $1}, r0; mov.b32 {$2, $3}, r1; }",
-            "=h,=h,=h,=h,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
-            is_pure=True, pack=1)
-    x = tl.join(tl.join(o0, o2), tl.join(o1, o3))  # [N, W, 2, 2]: [.., a, b] is o_(2a + b)
-    return tl.reshape(x, [w.shape[0], w.shape[1] * 4])
-
-
-@triton.jit
-def _fp8_tile(base, rows, k_ok, BD: tl.constexpr, INTERPRET: tl.constexpr):
-    # An fp8 tile [N, BD] (rows: each key's byte offset, BD = D) as float16, through int32 words.
-    # Why: loaded as bytes, Triton took them to the mma layout through shared memory one byte
-    # at a time (sm_90: 112 shared loads a 64-key decode tile, 725 instructions; now 44 and
-    # 566). On an H100 the 256 x 576 decode went 1.36x -> 1.55x the bf16 cache's speed
-    # (2026-12-06-day-h100.md). The paged prefill keeps byte loads: its fp8 tile was not slower
-    # than bf16's there (576 against 602 instructions).
-    words = tl.load(base.to(tl.pointer_type(tl.int32)) + (rows // 4)[:, None]
-                    + tl.arange(0, BD // 4)[None, :], mask=k_ok[:, None], other=0)
-    return _e4m3_words(words, INTERPRET)
-
-
-@triton.jit
 def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, ks_base, vs_base, bt_row,
                  s_cb, s_cs, d_off, d_mask, qk_scale, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                  MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, QUANT: tl.constexpr,
@@ -190,7 +156,7 @@ def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, ks_ba
     off = blk[:, None] * s_cb + (pos_k % PAGE)[:, None] * s_cs + d_off[None, :]
     kv_mask = k_ok[:, None] & d_mask[None, :]
     if WORDS:  # fp8 rows of exactly BD values, read as words and converted in registers
-        k = _fp8_tile(k_base, blk * s_cb + (pos_k % PAGE) * s_cs, k_ok, d_off.shape[0],
+        k = fp8_tile(k_base, blk * s_cb + (pos_k % PAGE) * s_cs, k_ok, d_off.shape[0],
                       INTERPRET).to(q.dtype)  # (float16 already but for a float32 q)
     else:
         k = tl.load(k_base + off, mask=kv_mask, other=0.0)  # [N, BD]
@@ -221,7 +187,7 @@ def _attend_tile(q, acc, m_i, l_i, n0, end, pos_q, window, k_base, v_base, ks_ba
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     if WORDS:
-        v = _fp8_tile(v_base, blk * s_cb + (pos_k % PAGE) * s_cs, k_ok, d_off.shape[0],
+        v = fp8_tile(v_base, blk * s_cb + (pos_k % PAGE) * s_cs, k_ok, d_off.shape[0],
                       INTERPRET).to(q.dtype)
     else:
         v = tl.load(v_base + off, mask=kv_mask, other=0.0)

@@ -19,7 +19,8 @@ import triton.language as tl
 
 from nextok.kernels.triton.int4_words import _tile_ptrs, _tile_step, layout_args
 from nextok.kernels.triton.pdl import pdl_wait
-from nextok.kernels.triton.w4a16 import INTERPRETED, _scales, _scratch, _tile_products, _x_tile
+from nextok.kernels.triton.dp4a import _tile_products
+from nextok.kernels.triton.w4a16 import INTERPRETED, _scales, _scratch, _x_tile
 
 
 @triton.jit
