@@ -267,3 +267,17 @@ def test_triton_refuses_other_byte_caches():
     with pytest.raises(ValueError, match="int8 or fp8"):
         store_kv(torch.zeros(1, KV_HEADS, HEAD_DIM, device=DEVICE), torch.zeros(1, KV_HEADS, HEAD_DIM, device=DEVICE),
                  kc, kc.clone(), torch.zeros(1, dtype=torch.long, device=DEVICE))
+
+
+def test_fp8_decode_refuses_rows_it_cannot_read_as_words():
+    """The decode kernel reads an fp8 cache's rows as int32 words: a cache view whose rows are
+    strided, or start off a 4-byte boundary, is refused with a clear error, not read wrong."""
+    q = torch.zeros(1, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
+    tables = torch.zeros(1, 1, dtype=torch.long, device=DEVICE)
+    lens = torch.ones(1, dtype=torch.long, device=DEVICE)
+    strided = torch.zeros(4, BLOCK_SIZE, KV_HEADS, 2 * HEAD_DIM, device=DEVICE).to(torch.float8_e4m3fn)[..., ::2]
+    n = 4 * BLOCK_SIZE * KV_HEADS * HEAD_DIM
+    shifted = torch.zeros(n + 1, device=DEVICE).to(torch.float8_e4m3fn)[1:].view(4, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    for bad in (strided, shifted):
+        with pytest.raises(ValueError, match="unit-stride rows starting on 4-byte boundaries"):
+            paged_decode(q, bad, bad, tables, lens, 1.0, None, torch.empty_like(q))

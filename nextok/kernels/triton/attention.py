@@ -357,6 +357,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         mid_o = torch.empty(b, h, num_splits, d, dtype=torch.float32, device=q.device)
         mid_lse = torch.empty(b, h, num_splits, dtype=torch.float32, device=q.device)
     ks, vs, quant = _scale_views(k_cache, v_cache)
+    if quant == 2 and d == block_d:
+        _check_word_rows(k_cache, v_cache)
     use_pdl = pdl.enabled(q.device)  # each kernel waits before it reads (kernels/triton/pdl.py)
     _decode_split_kernel[(b, kvh, num_splits)](
         q, k_cache, v_cache, ks, vs, block_tables, context_lens, out, mid_o, mid_lse,
@@ -369,6 +371,15 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         _decode_reduce_kernel[(b, h)](mid_o, mid_lse, out, num_splits, *out.stride(), D=d,
                                       BLOCK_S=MAX_SPLITS, BLOCK_D=block_d, PDL=use_pdl,
                                       launch_pdl=use_pdl)
+
+
+def _check_word_rows(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """The decode kernel reads an fp8 cache's rows as int32 words (e4m3.fp8_tile): refuse a
+    cache whose rows are not unit-stride and 4-byte aligned rather than read it wrong."""
+    for c in (k_cache, v_cache):
+        if c.stride(-1) != 1 or any(s % 4 for s in c.stride()[:3]) or c.data_ptr() % 4:
+            raise ValueError(f"an fp8 KV cache needs unit-stride rows starting on 4-byte boundaries "
+                             f"(strides {list(c.stride())}, address {c.data_ptr()})")
 
 
 # triton.jit gives an interpreter function instead of a JITFunction under TRITON_INTERPRET=1.
