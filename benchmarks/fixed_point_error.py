@@ -37,7 +37,6 @@ def rel_w(x: torch.Tensor, w: torch.Tensor, w4: torch.Tensor, y: torch.Tensor) -
 
 
 def main() -> int:
-    import argparse as source  # the text the activations come from
     import transformers
 
     from nextok.hub import resolve_model
@@ -51,7 +50,8 @@ def main() -> int:
     model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), dtype=torch.float32,
                                                               **kw).eval()
     tok = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), **kw)
-    ids = tok(open(source.__file__).read()[:4 * args.tokens], return_tensors="pt").input_ids[:, :args.tokens]
+    text = open(argparse.__file__).read()  # a standard-library source the activations come from
+    ids = tok(text[:4 * args.tokens], return_tensors="pt").input_ids[:, :args.tokens]
     inputs: dict[str, torch.Tensor] = {}
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear) and "lm_head" not in name:

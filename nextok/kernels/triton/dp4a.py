@@ -73,15 +73,16 @@ def _tile_products(acc, w, x, up, d, mn, x_dtype: tl.constexpr, SILU_MUL: tl.con
                    WPG: tl.constexpr, INTERPRET: tl.constexpr, XRUN: tl.constexpr = False):
     # acc [BLOCK_M, BLOCK_N, GT, WPG / 4] += one tile's products: W's words w [1, BLOCK_N, GT, WPG], x's
     # [BLOCK_M, GT, WPG, 8] as stored (and up's, for SILU_MUL), the groups' d and m [1, BLOCK_N, GT].
-    # x in fixed point per word: x = s (256 hi + lo), s = 2^(E - 13)
+    # x in fixed point per word (XRUN: per run of 4 words): x = s (256 hi + lo), s = 2^(E - 13)
+    NS: tl.constexpr = WPG // 4
     x = x.to(tl.float32)
     if SILU_MUL:
         x = _round(x / (1.0 + tl.exp(-x)), x_dtype)
         x = _round(x * up.to(tl.float32), x_dtype)
     amax = tl.maximum(tl.max(tl.abs(x), axis=3), 1e-30)  # [BLOCK_M, GT, WPG]
-    if XRUN:  # one fixed point per run of 4 words, [BLOCK_M, GT, WPG] (4 alike)
-        amax = tl.reshape(tl.broadcast_to(tl.max(tl.reshape(amax, [BLOCK_M, GT, WPG // 4, 4]), axis=3)[:, :, :, None],
-                                          [BLOCK_M, GT, WPG // 4, 4]), [BLOCK_M, GT, WPG])
+    if XRUN:  # the run's largest |x| for each of its 4 words
+        amax_run = tl.max(tl.reshape(amax, [BLOCK_M, GT, NS, 4]), axis=3)  # [BLOCK_M, GT, NS]
+        amax = tl.reshape(tl.broadcast_to(amax_run[:, :, :, None], [BLOCK_M, GT, NS, 4]), [BLOCK_M, GT, WPG])
     s = (amax.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True) * (1.0 / 8192.0)
     # round to nearest: 1.5 * 2^23 + v holds round(v) in its low mantissa bits (|v| < 2^14)
     xq = (x * (1.0 / s)[:, :, :, None] + 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000
@@ -99,15 +100,14 @@ def _tile_products(acc, w, x, up, d, mn, x_dtype: tl.constexpr, SILU_MUL: tl.con
     # acc [BLOCK_M, BLOCK_N, GT, NS] holds a sum per run of 4 words (NS = WPG / 4 a group), the
     # 4 words a thread loads together: the group's sum across threads is left to the end, not
     # shuffled together every tile (on sm_90 ~1.5 instructions a word of W)
-    NS: tl.constexpr = WPG // 4
     if XRUN:
-        # x's scale is the group's, so a run's words add up in dp4a's accumulator, the hi and
-        # lo bytes apart, and only the run's sum turns into a float: 4 dp4a a word and row, and
+        # the run's words share x's scale, so they add up in dp4a's accumulator, the hi and lo
+        # bytes apart, and only the run's sum turns into a float: 4 dp4a a word and row, and
         # per run one multiply-add, a conversion and an FMA (against a shift, a conversion and
         # two float ops a word)
         t = (_run_dots(we, wo, b_hi_e, b_hi_o, True, NS, INTERPRET) * 256
              + _run_dots(we, wo, b_lo_e, b_lo_o, False, NS, INTERPRET))
-        s_run = tl.max(tl.reshape(s, [BLOCK_M, GT, NS, 4]), axis=3)  # [BLOCK_M, GT, NS]
+        s_run = (amax_run.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True) * (1.0 / 8192.0)
         part = t.to(tl.float32) * s_run[:, None, :, :]
     else:
         zero = tl.zeros([BLOCK_M, BLOCK_N, GT, WPG], dtype=tl.int32)
