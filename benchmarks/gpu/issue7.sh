@@ -12,6 +12,10 @@
 #   bash benchmarks/gpu/issue7.sh decode    the paged decode kernel's tiles per KV cache dtype (decode_probe.py)
 #   bash benchmarks/gpu/issue7.sh kernels   nextok bench kernels: the fused ops, paged decode on bf16 / int8 /
 #                                           fp8 caches (batch 32 x 4096, 256 x 576) and prefill
+#   bash benchmarks/gpu/issue7.sh rows      W4A16 at 16-64 rows: the CUDA tests of the tl.dot kernel, its tiles
+#                                           against dequantize + cuBLAS and bf16 (w4a16_dot_probe.py), and
+#                                           the 8B step at batch 16/32/64: bf16, int4 as committed, int4
+#                                           with the kernel up to 64 rows (NEXTOK_W4A16_ROWS) on the probe's tiles
 #   bash benchmarks/gpu/issue7.sh plan      all of the above that item 4 still needs, in order, under DEADLINE
 #   bash benchmarks/gpu/issue7.sh fp8-kv    offline throughput 1000 x 512 -> 256, bf16 vs fp8 (and fp8
 #                                           with an fp8 KV cache); the
@@ -132,6 +136,25 @@ fp8-kv)
             2>&1 | grep -v Warning | tail -2
     done
     ;;
+rows)
+    step "CUDA tests: W4A16 at 16-64 rows"
+    run_for ${T_TESTS:-90} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_quant_linear.py \
+        -k "test_w4a16 and (16 or 40) or int4_linear or rows_limit" 2>&1 | tail -4 | tee "$OUT/rows-tests.txt"
+    step "W4A16 tl.dot tiles at 16-64 rows, Llama-3.1-8B layer shapes"
+    run_for ${T_PROBE:-200} python3 benchmarks/gpu/w4a16_dot_probe.py "$OUT/w4a16-dot-probe.json" \
+        "$OUT/w4a16-dot-table.json" 2>&1 | grep -v "^  " | tail -14
+    [ -f "$OUT/w4a16-dot-table.json" ] && export NEXTOK_W4A16_CONFIGS=$OUT/w4a16-dot-table.json
+    rlat() {  # $1: label, then extra flags
+        local label=$1; shift
+        run_for ${T_LAT:-100} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes ${ROW_BATCHES:-16,32,64} \
+            --repeats 1 --cuda-graph-max-batch 64 "$@" --output "$OUT/latency-llama-8b-rows-$label.json" 2>&1 \
+            | grep -v Warning | tail -4
+    }
+    step "8B decode step at batch 16/32/64, bf16"; rlat bf16
+    step "8B decode step, int4, the kernel up to 16 rows (committed)"; rlat int4-16 --quantization int4
+    step "8B decode step, int4, the kernel up to 64 rows"
+    NEXTOK_W4A16_ROWS=64 rlat int4-64 --quantization int4
+    ;;
 plan)
     # What item 4 still needs, most needed first, under one call's deadline (DEADLINE=S; a step
     # that would not finish is skipped): the CUDA tests of what no GPU has run yet (the fp8
@@ -147,7 +170,7 @@ plan)
     TP_RUNS="bf16 fp8kv" KV_KINDS="" T_TP=100 bash "$0" fp8-kv
     ;;
 *)
-    echo "usage: $0 w4a16|gguf|tests|lat256|decode|kernels|fp8-kv|plan" >&2
+    echo "usage: $0 w4a16|gguf|tests|lat256|decode|kernels|fp8-kv|rows|plan" >&2
     exit 2
     ;;
 esac

@@ -10,12 +10,13 @@ rounded to float16 first, so every path holds the same dequantized weights.
 - Elsewhere: q packed eight to an int32 word, [out, in / 8], column 8j + i in bits 4i .. 4i + 3
   of word j, with d and m [out, groups]; on CUDA the words in contiguous tiles of 64 rows x 16
   words (kernels/triton/int4_words.py: DRAM streams whole tiles, not short runs of rows).
-  On CUDA steps of up to 16 rows run the Triton W4A16 kernel (kernels/triton/w4a16.py), which
-  dequantizes in registers; bigger steps dequantize the weight once per call (on CUDA in one
-  Triton pass) and run a dense matmul.
+  On CUDA steps of up to w4a16_tiles.KERNEL_ROWS rows run the Triton W4A16 kernels
+  (kernels/triton/w4a16.py), which dequantize in registers; bigger steps dequantize the weight
+  once per call (on CUDA in one Triton pass) and run a dense matmul.
 """
 from __future__ import annotations
 
+import functools
 
 import torch
 from torch import nn
@@ -24,6 +25,16 @@ from nextok.errors import NextokError
 from nextok.quant.base import QuantMethod, bias_parameter, triton_gemv_rows
 
 Q4_1 = 3  # ggml's type id for Q4_1 blocks
+
+
+@functools.cache
+def _kernel_rows() -> int:
+    """Rows up to which a CUDA step runs the W4A16 kernels (0 without triton)."""
+    if not triton_gemv_rows():
+        return 0
+    from nextok.kernels.triton.w4a16_tiles import kernel_rows
+
+    return kernel_rows()
 
 
 def quantize_groups(weight: torch.Tensor, group_size: int):
@@ -130,7 +141,7 @@ class Int4Linear(nn.Module):
     def _kernel_step(self, x: torch.Tensor) -> bool:
         """Whether x [T, K] is a decode-sized CUDA step the W4A16 kernel takes."""
         return (x.is_cuda and self._kernel_ok and x.dtype in (torch.bfloat16, torch.float16)
-                and x.shape[0] <= triton_gemv_rows())
+                and x.shape[0] <= _kernel_rows())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)

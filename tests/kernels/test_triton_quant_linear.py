@@ -30,6 +30,7 @@ DEVICE = "cuda" if CUDA else "cpu"
 SHAPES = ([(6144, 4096, 128), (4096, 14336, 128), (1536, 8960, 64), (28672, 4096, 128), (896, 4864, 32)]
           if CUDA else [(40, 192, 64), (24, 96, 32), (20, 320, 32)])
 ROWS = [1, 3, 5, 16]
+W4_ROWS = ROWS + [40]  # 40: tl.dot in blocks of rows (the interpreter: 16 a block)
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (4e-3, 4e-3)}
 
 
@@ -89,7 +90,7 @@ def test_words_round_trip_in_column_order():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16] + ([] if CUDA else [torch.float32]))
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("rows", W4_ROWS)
 def test_w4a16(dtype, shape, rows):
     n, k, group = shape
     w, x, b = _data(dtype, n, k, rows)
@@ -123,7 +124,7 @@ def test_tiled_words_round_trip_and_each_tile_is_contiguous():
 
 @pytest.mark.parametrize("shape,tiles", [(s, t) for s in SHAPES for t in ([TILES] if CUDA else [TILES, (4, 8)])
                                          if words4.can_tile(s[0], s[1] // 8, t)], ids=str)
-@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize("rows", [1, 5, 16, 40])
 def test_w4a16_on_tiled_words_equals_row_major(shape, tiles, rows):
     """The same products from words in contiguous tiles as from row-major words, bit for bit,
     in both kernels (dp4a for 1-8 rows, tl.dot above), and the one-pass dequantize. (The
@@ -175,7 +176,9 @@ def test_committed_tile_tables_are_well_formed():
                     assert cls == "8", path
                     continue
                 assert tile["TW"] % words4.LAYOUT[1] == 0 and tile["BLOCK_N"] in (16, 32, 64, 128, 256), (path, shape)
-                if cls != "16":
+                if cls == "16":  # tl.dot's rows per program, if the sweep chose them
+                    assert tile.get("BLOCK_M", 64) in (16, 32, 64), (path, shape)
+                else:
                     assert tile["BLOCK_M"] == int(cls) and tile["SPLIT"] in (1, 2, 4, 8, 16), (path, shape)
                     assert tile.get("DEPTH", 1) in (1, 2) and tile.get("XAHEAD", 0) in (0, 1), (path, shape)
                     assert tile.get("XRUN", 0) in (0, 1), (path, shape)
@@ -407,14 +410,32 @@ def test_int4_linear_runs_the_kernel_or_the_torch_path_alike():
         assert torch.equal(tiled(x), big) and torch.equal(tiled(x[:3]), small)
 
 
+def test_w4a16_rows_limit_is_read_once_and_checked(monkeypatch):
+    """NEXTOK_W4A16_ROWS moves the rows up to which Int4Linear runs the kernels (else
+    KERNEL_ROWS); a value outside DP4A_ROWS..MAX_ROWS is refused with a message naming it."""
+    from nextok.errors import NextokError
+    from nextok.kernels.triton import w4a16_tiles
+
+    for value, want in (("", w4a16_tiles.KERNEL_ROWS), ("64", 64), ("12", 12)):
+        monkeypatch.setenv("NEXTOK_W4A16_ROWS", value)
+        w4a16_tiles.kernel_rows.cache_clear()
+        assert w4a16_tiles.kernel_rows() == want
+    for value in ("65", "4", "lots"):
+        monkeypatch.setenv("NEXTOK_W4A16_ROWS", value)
+        w4a16_tiles.kernel_rows.cache_clear()
+        with pytest.raises(NextokError, match="NEXTOK_W4A16_ROWS"):
+            w4a16_tiles.kernel_rows()
+    w4a16_tiles.kernel_rows.cache_clear()
+
+
 def test_bad_shapes_are_refused():
     q = torch.zeros(8, 12, dtype=torch.int32)  # K = 96: groups of 48, not a power of two
     d = torch.ones(8, 2, dtype=torch.float16)
     with pytest.raises(ValueError, match="power of two"):
         w4a16(torch.zeros(1, 96, device=DEVICE, dtype=torch.bfloat16), q.to(DEVICE), d.to(DEVICE), d.to(DEVICE))
     with pytest.raises(ValueError, match="rows"):
-        w4a16(torch.zeros(MAX_ROWS + 1, 96, device=DEVICE, dtype=torch.bfloat16), q.to(DEVICE), d[:, :1].to(DEVICE),
-              d[:, :1].to(DEVICE))
+        w4a16(torch.zeros(w4a16_mod.MAX_ROWS + 1, 96, device=DEVICE, dtype=torch.bfloat16), q.to(DEVICE),
+              d[:, :1].to(DEVICE), d[:, :1].to(DEVICE))
     with pytest.raises(ValueError, match="rows"):
         w8a16(torch.zeros(MAX_ROWS + 1, 32, device=DEVICE), torch.zeros(4, 32, dtype=torch.int8, device=DEVICE),
               torch.ones(4, dtype=torch.float16, device=DEVICE))

@@ -33,7 +33,7 @@ output by 3.9e-5 of its norm (median; max 2.7e-4) against 1.9e-5 per word, while
 to bfloat16 moves it by 1.4e-3 and the int4 weight by 7e-2. Not timed on a GPU yet: the sweep
 (w4a16_probe.py) offers it and the tables take it where it wins.
 
-More rows (9-16): w4a16_dot.py, each tile dequantized to x's dtype and multiplied with tl.dot.
+More rows (9-64): w4a16_dot.py, each tile dequantized to x's dtype and multiplied with tl.dot.
 
 Measured on an H200 (2026-12-04, benchmarks/gpu/w4a16_probe.py; results
 2026-12-04-w4a16-probe-h200-*.json): the float one-row kernel read the packed bytes at ~1.2 TB/s
@@ -57,7 +57,7 @@ from nextok.kernels.triton.dp4a import _tile_products
 from nextok.kernels.triton.pdl import pdl_wait
 from nextok.kernels.triton.w4a16_dot import _w4a16_dot_kernel
 
-MAX_ROWS = 16
+MAX_ROWS = 64  # the tl.dot kernel's most rows (Int4Linear sends it w4a16_tiles.KERNEL_ROWS)
 
 
 @triton.jit
@@ -336,7 +336,7 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
                 SILU_MUL=silu_mul, EVEN=n % cfg["BLOCK_N"] == 0 and kw % (cfg["GT"] * group // 8) == 0,
                 **common)
         else:
-            _w4a16_dot_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
+            _w4a16_dot_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(rows, cfg["BLOCK_M"]))](
                 *args, rows, n, kw, d.shape[1], x.stride(0), y.stride(0),
                 IEEE=INTERPRETED or x.dtype == torch.float32, **common)
     return y

@@ -1,7 +1,9 @@
-"""W4A16 for 9-16 rows (w4a16.py's w4a16 launches it): each tile of W dequantized to x's dtype in
-registers and multiplied with tl.dot, the rows padded to 16, one dot per nibble position. The
-weight layout is w4a16.py's. At more rows than the dp4a kernel's eight, the tensor cores'
-throughput pays for the dequantization (tiles: w4a16_tiles.py, row class "16").
+"""W4A16 for 9-64 rows (w4a16.py's w4a16 launches it): each tile of W dequantized to x's dtype in
+registers and multiplied with tl.dot, the rows in blocks of BLOCK_M (16-64, padded), one dot
+per nibble position. The weight layout is w4a16.py's. At more rows than the dp4a kernel's
+eight, the tensor cores' throughput pays for the dequantization (tiles: w4a16_tiles.py, row
+class "16"). Past 16 rows it stands in for dequantizing the whole weight each call (2 bytes
+a weight written and read back) where w4a16_tiles.KERNEL_ROWS lets it.
 """
 from __future__ import annotations
 
@@ -31,9 +33,9 @@ def _w4a16_dot_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, M, N, KW, G, s_x
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                       IEEE: tl.constexpr, INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr,
                       LN: tl.constexpr, LW: tl.constexpr):
-    # Grid (cdiv(N, BLOCK_N),). x [M, 8 * KW] unit-stride rows; words [N, KW]; d, m [N, G];
-    # y [M, N]. A tile: [BLOCK_N, GT, WPG] words (WPG words per group). KW is a runtime
-    # argument; the interpreter cannot loop to one, so there the loop runs to KW_INTERPRET.
+    # Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). x [M, 8 * KW] unit-stride rows; words [N, KW];
+    # d, m [N, G]; y [M, N]. A tile: [BLOCK_N, GT, WPG] words (WPG words per group). KW is a
+    # runtime argument; the interpreter cannot loop to one, so there the loop runs to KW_INTERPRET.
     pdl_wait(PDL)
     TW: tl.constexpr = GT * WPG  # words per row per tile
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -42,7 +44,7 @@ def _w4a16_dot_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, M, N, KW, G, s_x
     n_ok3 = n_ok[:, None, None]
     g3 = tl.arange(0, GT)[None, :, None]
     j3 = tl.arange(0, WPG)[None, None, :]
-    rows = tl.arange(0, BLOCK_M)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     t = tl.arange(0, TW)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)

@@ -21,6 +21,9 @@ import torch
 import triton
 
 DP4A_ROWS = 8  # up to this many rows the dp4a kernel, above it the tl.dot one
+# Steps of up to KERNEL_ROWS rows run these kernels (Int4Linear); bigger ones dequantize the
+# whole weight (int4_words.dequantize) and run cuBLAS. NEXTOK_W4A16_ROWS (9-64) moves it.
+KERNEL_ROWS = 16
 _OVERRIDE: dict | None = None  # benchmarks/gpu/w4a16_probe.py sets tiles to sweep them
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 
@@ -38,6 +41,21 @@ def _tuned(device_name: str) -> dict:
         return {}
     with open(path) as f:
         return json.load(f)
+
+
+@functools.cache
+def kernel_rows() -> int:
+    """KERNEL_ROWS, or NEXTOK_W4A16_ROWS within 8..w4a16.MAX_ROWS. Decided once per process."""
+    from nextok.errors import NextokError
+    from nextok.kernels.triton.w4a16 import MAX_ROWS
+
+    value = os.environ.get("NEXTOK_W4A16_ROWS", "")
+    if not value:
+        return KERNEL_ROWS
+    if not value.isdigit() or not DP4A_ROWS <= int(value) <= MAX_ROWS:
+        raise NextokError(f"NEXTOK_W4A16_ROWS must be a whole number from {DP4A_ROWS} to {MAX_ROWS}, "
+                          f"not {value!r}")
+    return int(value)
 
 
 def _row_class(m: int) -> str:
@@ -70,7 +88,8 @@ def _default_tile(cls: str, n: int, k: int) -> dict:
 
 
 def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
-    extra = dict(BLOCK_M=16) if dot else dict(
+    # tl.dot: rows in blocks of 16-64 (a "16" tile's BLOCK_M caps them), a block per program
+    extra = dict(BLOCK_M=min(max(16, tile.get("BLOCK_M", 64)), max(16, triton.next_power_of_2(m)))) if dot else dict(
         SPLIT=tile.get("SPLIT", 1), BLOCK_M=min(tile.get("BLOCK_M", 1), triton.next_power_of_2(m)),
         DEPTH=tile.get("DEPTH", 1), XAHEAD=tile.get("XAHEAD", 0),
         UNROLL=tile.get("UNROLL", 0) if tile.get("XAHEAD", 0) else 0,  # UNROLL needs XAHEAD
@@ -91,7 +110,7 @@ def config(m: int, n: int, k: int, group: int, device: torch.device) -> tuple[bo
         dot = m > DP4A_ROWS
         # split K only where N is small (every split walks all of K in the interpreter)
         return dot, _tile(dict(BLOCK_N=16, TW=max(wpg, 8), num_warps=4, num_stages=1,
-                               SPLIT=2 if n <= 32 else 1, BLOCK_M=2), m, dot, wpg)
+                               SPLIT=2 if n <= 32 else 1, BLOCK_M=16 if dot else 2), m, dot, wpg)
     if _OVERRIDE is not None:
         dot = m > DP4A_ROWS
         return dot, _tile(_OVERRIDE, m, dot, wpg)

@@ -1,0 +1,104 @@
+"""W4A16 at 16-64 rows: the tl.dot kernel's tiles against what Int4Linear does past
+w4a16_tiles.KERNEL_ROWS (dequantize the whole weight, then cuBLAS) and against bf16.
+
+    python3 benchmarks/gpu/w4a16_dot_probe.py OUT.json TABLE.json [SHAPES]
+
+For each shape (N x K, groups of 128) and 16, 32 and 64 rows (PROBE_ROWS): bf16 F.linear, the
+dequantize + F.linear path, and the tl.dot kernel (w4a16_dot.py) at every tile of a grid.
+Timed as w4a16_probe.py times (CUDA graphs of 24 calls over weight copies larger than L2).
+TABLE.json: the repo's table for this GPU with each shape's "16" entry set to the tile with the
+least summed time over the row counts probed (what kernels/triton/configs/ holds).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from w4a16_probe import graph_us  # noqa: E402
+
+from nextok.bench.common import header  # noqa: E402
+from nextok.kernels.triton import int4_words as words4  # noqa: E402
+from nextok.kernels.triton import w4a16 as w4  # noqa: E402
+from nextok.kernels.triton import w4a16_tiles as tiles  # noqa: E402
+from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # noqa: E402
+
+DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336"
+ROW_COUNTS = [int(r) for r in os.environ.get("PROBE_ROWS", "16,32,64").split(",")]
+DOT = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, BLOCK_M=bm)
+       for bn, tw, nw, bm in itertools.product((32, 64, 128), (16, 32), (4, 8), (16, 32, 64))
+       if not (bn == 32 and nw == 8)]
+
+
+def main() -> int:
+    out_path, table_path = sys.argv[1], sys.argv[2]
+    shapes = [tuple(int(v) for v in s.split("x"))
+              for s in (sys.argv[3] if len(sys.argv) > 3 else DEFAULT_SHAPES).split(",")]
+    dev, results, table = torch.device("cuda"), [], {}
+    layout = words4.LAYOUT
+    for n, k in shapes:
+        w = torch.randn(n, k, device=dev) * k ** -0.5
+        q, d, m = quantize_groups(w, 128)
+        copies = max(2, -(-400 * 2**20 // (n * k * 2)))  # bf16 copies over 400 MB
+        bfs = [w.to(torch.bfloat16) for _ in range(copies)]
+        packed = [(words4.tile_words(pack_words(q)), d.clone(), m.clone()) for _ in range(copies)]
+        packed_bytes = packed[0][0].numel() * 4 + d.numel() * 4
+        ref_w = dequantize_groups(q, d, m)
+        del w, q
+        totals: dict[int, float] = {}  # tile index -> summed us over the row counts
+        for rows in ROW_COUNTS:
+            x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
+            ref = F.linear(x.float(), ref_w)
+            r = {"n": n, "k": k, "rows": rows, "packed_bytes": packed_bytes,
+                 "bf16_cublas_us": graph_us(lambda i: F.linear(x, bfs[i]), copies),
+                 "dequant_cublas_us": graph_us(lambda i: F.linear(x, words4.dequantize(
+                     *packed[i], torch.bfloat16, layout=layout)), copies)}
+            sweep = []
+            for idx, cfg in enumerate(DOT):  # (a BLOCK_M over the rows runs as the rows' block)
+                tiles.set_config(cfg)
+                try:
+                    us = graph_us(lambda i: w4.w4a16(x, *packed[i], layout=layout), copies)
+                    err = (w4.w4a16(x, *packed[0], layout=layout).float() - ref).abs().max().item()
+                except Exception as e:  # a tile the compiler or the SM cannot take
+                    print(f"  {n}x{k} rows {rows} {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                    continue
+                finally:
+                    tiles.set_config(None)
+                sweep.append(dict(cfg, us=us, max_diff=err))
+                totals[idx] = totals.get(idx, 0.0) + us
+            best = min(sweep, key=lambda s: s["us"])
+            r.update(sweep=sweep, best=best, dot_us=best["us"])
+            results.append(r)
+            print(f"{n:>6}x{k:<6} rows {rows:>2}: bf16 {r['bf16_cublas_us']:6.1f} us | dequantize + cuBLAS "
+                  f"{r['dequant_cublas_us']:6.1f} us | tl.dot {best['us']:6.1f} us "
+                  f"({r['bf16_cublas_us'] / best['us']:.2f}x bf16, {r['dequant_cublas_us'] / best['us']:.2f}x "
+                  f"dequantize) max diff {best['max_diff']:.3g} tile "
+                  f"{ {key: v for key, v in best.items() if key not in ('us', 'max_diff')} }", flush=True)
+        # one "16" tile per shape serves 9-64 rows: the least time summed over the row counts
+        # (a tile that failed at one of them is not in the running)
+        ran = [i for i in totals if sum(1 for r in results[-len(ROW_COUNTS):] for s in r["sweep"]
+                                        if all(s[kk] == v for kk, v in DOT[i].items())) == len(ROW_COUNTS)]
+        pick = min(ran or totals, key=lambda i: totals[i])
+        table.setdefault(f"{n}x{k}", {})["16"] = dict(DOT[pick])
+        del bfs, packed
+        torch.cuda.empty_cache()
+    kept = tiles._tuned(torch.cuda.get_device_name(dev))  # the repo's 1/4/8-row entries stay
+    for shape, entry in kept.items():
+        for cls, tile in entry.items():
+            table.setdefault(shape, {}).setdefault(cls, tile)
+    with open(table_path, "w") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
+    with open(out_path, "w") as f:
+        json.dump(header({"layout": layout, "rows": results}), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
