@@ -32,9 +32,9 @@ from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # 
 
 DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336"
 ROW_COUNTS = [int(r) for r in os.environ.get("PROBE_ROWS", "16,32,64").split(",")]
-DOT = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, BLOCK_M=bm)
-       for bn, tw, nw, bm in itertools.product((32, 64, 128), (16, 32), (4, 8), (16, 32, 64))
-       if not (bn == 32 and nw == 8)]
+DOT = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, BLOCK_M=bm, WLHS=wl)
+       for (bn, tw, nw), bm, wl in itertools.product(
+           ((32, 32, 4), (64, 16, 4), (64, 32, 4), (128, 16, 4), (128, 16, 8), (128, 32, 8)), (16, 32, 64), (0, 1))]
 
 
 def main() -> int:

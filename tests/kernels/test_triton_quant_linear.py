@@ -410,6 +410,25 @@ def test_int4_linear_runs_the_kernel_or_the_torch_path_alike():
         assert torch.equal(tiled(x), big) and torch.equal(tiled(x[:3]), small)
 
 
+@pytest.mark.parametrize("rows", [12, 40])
+def test_w4a16_dot_with_w_as_the_left_operand(monkeypatch, rows):
+    """WLHS=1 (the tl.dot kernel multiplies W's tile by x's, y.T's tile accumulating) gives
+    dequantize-then-matmul's products as the default orientation does, on tiled words, in row
+    blocks of 16 and of 64."""
+    from nextok.kernels.triton import w4a16_tiles
+
+    n, k, group = SHAPES[0]
+    w, x, b = _data(torch.bfloat16, n, k, rows)
+    q, d, m = quantize_groups(w, group)
+    deq = dequantize_groups(q, d, m).to(DEVICE, torch.bfloat16)
+    tiled = words4.tile_words(pack_words(q).to(DEVICE), TILES)
+    want = torch.nn.functional.linear(x, deq) + b
+    config = w4a16_tiles.config
+    for tile in (dict(WLHS=1), dict(WLHS=1, BLOCK_M=64 if rows > 16 else 16)):
+        monkeypatch.setattr(w4a16_tiles, "config", lambda *a, t=tile: (lambda dot, cfg: (dot, dict(cfg, **t)))(*config(*a)))
+        _close(w4a16(x, tiled, d.to(DEVICE), m.to(DEVICE), b, layout=TILES), want)
+
+
 def test_w4a16_rows_limit_is_read_once_and_checked(monkeypatch):
     """NEXTOK_W4A16_ROWS moves the rows up to which Int4Linear runs the kernels (else
     KERNEL_ROWS); a value outside DP4A_ROWS..MAX_ROWS is refused with a message naming it."""

@@ -32,10 +32,12 @@ def _w4a16_dot_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, M, N, KW, G, s_x
                       WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                       IEEE: tl.constexpr, INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr,
-                      LN: tl.constexpr, LW: tl.constexpr):
+                      LN: tl.constexpr, LW: tl.constexpr, WLHS: tl.constexpr = 0):
     # Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). x [M, 8 * KW] unit-stride rows; words [N, KW];
     # d, m [N, G]; y [M, N]. A tile: [BLOCK_N, GT, WPG] words (WPG words per group). KW is a
     # runtime argument; the interpreter cannot loop to one, so there the loop runs to KW_INTERPRET.
+    # WLHS: W's tile is the dot's left operand (y.T's tile [BLOCK_N, BLOCK_M] accumulates; on
+    # sm_90 wgmma then reads W from registers), else x's is (y's tile [BLOCK_M, BLOCK_N]).
     pdl_wait(PDL)
     TW: tl.constexpr = GT * WPG  # words per row per tile
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -47,7 +49,10 @@ def _w4a16_dot_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, M, N, KW, G, s_x
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     t = tl.arange(0, TW)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if WLHS:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     w_tile = _tile_ptrs(w_ptr, n3, g3 * WPG + j3, KW, TW, LN, LW)
     for kw0 in range(0, KW_INTERPRET if INTERPRET else KW, TW):
         word = kw0 + g3 * WPG + j3  # [1, GT, WPG]
@@ -64,9 +69,16 @@ def _w4a16_dot_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, M, N, KW, G, s_x
                         mask=row_ok[:, None] & (kw0 + t < KW)[None, :], other=0.0)
             w2 = tl.reshape(wq, [BLOCK_N, TW])
             if IEEE:  # the interpreter's tl.dot multiplies bfloat16's raw bits
-                acc += tl.dot(a.to(tl.float32), tl.trans(w2), input_precision="ieee")
+                if WLHS:
+                    acc += tl.dot(w2, tl.trans(a.to(tl.float32)), input_precision="ieee")
+                else:
+                    acc += tl.dot(a.to(tl.float32), tl.trans(w2), input_precision="ieee")
+            elif WLHS:
+                acc += tl.dot(w2.to(a.dtype), tl.trans(a))
             else:
                 acc += tl.dot(a, tl.trans(w2.to(a.dtype)))
+    if WLHS:
+        acc = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * s_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),

@@ -5,6 +5,8 @@ num_warps, num_stages, and for dp4a SPLIT, BLOCK_M, DEPTH, how many tiles of W a
 (1 if absent), XAHEAD, whether x's tiles are loaded one ahead too (0 if absent), and UNROLL,
 whether the loop takes DEPTH + 1 tiles a turn in buffers of their own (with XAHEAD; 0 if absent),
 XRUN, whether x's fixed point is per run of 4 words instead of per word (0 if absent; w4a16.py),
+for tl.dot ("16") BLOCK_M, rows a program (16-64; 64 if absent), and WLHS, W the dot's left
+operand (0 if absent; w4a16_dot.py),
 and maxnreg, a cap on the registers a thread (ptxas: the programs an SM holds); one row
 may instead take STREAM programs of w4a16_stream.py's kernel, each a run of the (row tile,
 K tile) steps (0 or absent: the split-K grid); row classes: _row_class), written by
@@ -89,7 +91,8 @@ def _default_tile(cls: str, n: int, k: int) -> dict:
 
 def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
     # tl.dot: rows in blocks of 16-64 (a "16" tile's BLOCK_M caps them), a block per program
-    extra = dict(BLOCK_M=min(max(16, tile.get("BLOCK_M", 64)), max(16, triton.next_power_of_2(m)))) if dot else dict(
+    extra = dict(BLOCK_M=min(max(16, tile.get("BLOCK_M", 64)), max(16, triton.next_power_of_2(m))),
+                 WLHS=tile.get("WLHS", 0)) if dot else dict(
         SPLIT=tile.get("SPLIT", 1), BLOCK_M=min(tile.get("BLOCK_M", 1), triton.next_power_of_2(m)),
         DEPTH=tile.get("DEPTH", 1), XAHEAD=tile.get("XAHEAD", 0),
         UNROLL=tile.get("UNROLL", 0) if tile.get("XAHEAD", 0) else 0,  # UNROLL needs XAHEAD
