@@ -73,6 +73,8 @@ def main() -> int:
                     tiles.set_config(None)
                 sweep.append(dict(cfg, us=us, max_diff=err))
                 totals[idx] = totals.get(idx, 0.0) + us
+            if not sweep:
+                continue
             best = min(sweep, key=lambda s: s["us"])
             r.update(sweep=sweep, best=best, dot_us=best["us"])
             results.append(r)
@@ -85,8 +87,9 @@ def main() -> int:
         # (a tile that failed at one of them is not in the running)
         ran = [i for i in totals if sum(1 for r in results[-len(ROW_COUNTS):] for s in r["sweep"]
                                         if all(s[kk] == v for kk, v in DOT[i].items())) == len(ROW_COUNTS)]
-        pick = min(ran or totals, key=lambda i: totals[i])
-        table.setdefault(f"{n}x{k}", {})["16"] = dict(DOT[pick])
+        if totals:
+            pick = min(ran or totals, key=lambda i: totals[i])
+            table.setdefault(f"{n}x{k}", {})["16"] = dict(DOT[pick])
         del bfs, packed
         torch.cuda.empty_cache()
     kept = tiles._tuned(torch.cuda.get_device_name(dev))  # the repo's 1/4/8-row entries stay
