@@ -6,8 +6,10 @@ w4a16_tiles.KERNEL_ROWS (dequantize the whole weight, then cuBLAS) and against b
 For each shape (N x K, groups of 128) and 16, 32 and 64 rows (PROBE_ROWS): bf16 F.linear, the
 dequantize + F.linear path, and the tl.dot kernel (w4a16_dot.py) at every tile of a grid.
 Timed as w4a16_probe.py times (CUDA graphs of 24 calls over weight copies larger than L2).
-TABLE.json: the repo's table for this GPU with each shape's "16" entry set to the tile with the
-least summed time over the row counts probed (what kernels/triton/configs/ holds).
+TABLE.json: the repo's table for this GPU with each shape's tl.dot row classes ("16", "32",
+"64": w4a16_tiles.DOT_CLASSES) set to the fastest tile at that many rows (what
+kernels/triton/configs/ holds). Whether the kernel should take steps past 16 rows at all
+(w4a16_tiles.KERNEL_ROWS) is read off the dequantize + cuBLAS column.
 """
 from __future__ import annotations
 
@@ -32,9 +34,13 @@ from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # 
 
 DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336"
 ROW_COUNTS = [int(r) for r in os.environ.get("PROBE_ROWS", "16,32,64").split(",")]
-DOT = [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, BLOCK_M=bm, WLHS=wl)
-       for (bn, tw, nw), bm, wl in itertools.product(
-           ((32, 32, 4), (64, 16, 4), (64, 32, 4), (128, 16, 4), (128, 16, 8), (128, 32, 8)), (16, 32, 64), (0, 1))]
+# JOIN (one dot a tile) with K split 1-8 ways and 16-64 rows a program; beside it the per-nibble
+# kernel at the tiles that won at 16 rows on an H100 (2026-12-06, 7ef0119), split or not. WLHS
+# was within 3 % of the default orientation there, best at 3 points of 12: not swept again.
+DOT = ([dict(BLOCK_N=bn, TW=16, num_warps=nw, num_stages=3, BLOCK_M=bm, JOIN=1, SPLIT=sp)
+        for (bn, nw), bm, sp in itertools.product(((64, 4), (128, 4), (128, 8)), (16, 32, 64), (1, 2, 4, 8))]
+       + [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, BLOCK_M=16, SPLIT=sp)
+          for (bn, tw, nw), sp in itertools.product(((32, 32, 4), (64, 32, 4), (128, 16, 8)), (1, 4))])
 
 
 def main() -> int:
@@ -52,7 +58,6 @@ def main() -> int:
         packed_bytes = packed[0][0].numel() * 4 + d.numel() * 4
         ref_w = dequantize_groups(q, d, m)
         del w, q
-        totals: dict[int, float] = {}  # tile index -> summed us over the row counts
         for rows in ROW_COUNTS:
             x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
             ref = F.linear(x.float(), ref_w)
@@ -61,7 +66,7 @@ def main() -> int:
                  "dequant_cublas_us": graph_us(lambda i: F.linear(x, words4.dequantize(
                      *packed[i], torch.bfloat16, layout=layout)), copies)}
             sweep = []
-            for idx, cfg in enumerate(DOT):  # (a BLOCK_M over the rows runs as the rows' block)
+            for cfg in DOT:  # (a BLOCK_M over the rows runs as the rows' block)
                 tiles.set_config(cfg)
                 try:
                     us = graph_us(lambda i: w4.w4a16(x, *packed[i], layout=layout), copies)
@@ -72,24 +77,18 @@ def main() -> int:
                 finally:
                     tiles.set_config(None)
                 sweep.append(dict(cfg, us=us, max_diff=err))
-                totals[idx] = totals.get(idx, 0.0) + us
             if not sweep:
                 continue
             best = min(sweep, key=lambda s: s["us"])
             r.update(sweep=sweep, best=best, dot_us=best["us"])
             results.append(r)
+            table.setdefault(f"{n}x{k}", {})[str(rows)] = {
+                key: v for key, v in best.items() if key not in ("us", "max_diff")}
             print(f"{n:>6}x{k:<6} rows {rows:>2}: bf16 {r['bf16_cublas_us']:6.1f} us | dequantize + cuBLAS "
                   f"{r['dequant_cublas_us']:6.1f} us | tl.dot {best['us']:6.1f} us "
                   f"({r['bf16_cublas_us'] / best['us']:.2f}x bf16, {r['dequant_cublas_us'] / best['us']:.2f}x "
                   f"dequantize) max diff {best['max_diff']:.3g} tile "
                   f"{ {key: v for key, v in best.items() if key not in ('us', 'max_diff')} }", flush=True)
-        # one "16" tile per shape serves 9-64 rows: the least time summed over the row counts
-        # (a tile that failed at one of them is not in the running)
-        ran = [i for i in totals if sum(1 for r in results[-len(ROW_COUNTS):] for s in r["sweep"]
-                                        if all(s[kk] == v for kk, v in DOT[i].items())) == len(ROW_COUNTS)]
-        if totals:
-            pick = min(ran or totals, key=lambda i: totals[i])
-            table.setdefault(f"{n}x{k}", {})["16"] = dict(DOT[pick])
         del bfs, packed
         torch.cuda.empty_cache()
     kept = tiles._tuned(torch.cuda.get_device_name(dev))  # the repo's 1/4/8-row entries stay

@@ -170,14 +170,15 @@ def test_committed_tile_tables_are_well_formed():
             table = json.load(f)
         for shape, entry in table.items():
             n, k = (int(v) for v in shape.split("x"))
-            assert set(entry) <= {"1", "4", "8", "16"}, path
+            assert set(entry) <= {"1", "4", "8", "16", "32", "64"}, path
             for cls, tile in entry.items():
                 if tile.get("dot"):
                     assert cls == "8", path
                     continue
                 assert tile["TW"] % words4.LAYOUT[1] == 0 and tile["BLOCK_N"] in (16, 32, 64, 128, 256), (path, shape)
-                if cls == "16":  # tl.dot's rows per program, if the sweep chose them
+                if cls in ("16", "32", "64"):  # tl.dot's rows a program and split of K
                     assert tile.get("BLOCK_M", 64) in (16, 32, 64), (path, shape)
+                    assert tile.get("SPLIT", 1) in (1, 2, 4, 8, 16), (path, shape)
                 else:
                     assert tile["BLOCK_M"] == int(cls) and tile["SPLIT"] in (1, 2, 4, 8, 16), (path, shape)
                     assert tile.get("DEPTH", 1) in (1, 2) and tile.get("XAHEAD", 0) in (0, 1), (path, shape)
@@ -411,10 +412,11 @@ def test_int4_linear_runs_the_kernel_or_the_torch_path_alike():
 
 
 @pytest.mark.parametrize("rows", [12, 40])
-def test_w4a16_dot_with_w_as_the_left_operand(monkeypatch, rows):
-    """WLHS=1 (the tl.dot kernel multiplies W's tile by x's, y.T's tile accumulating) gives
-    dequantize-then-matmul's products as the default orientation does, on tiled words, in row
-    blocks of 16 and of 64."""
+def test_w4a16_dot_tile_options_give_the_same_products(monkeypatch, rows):
+    """The tl.dot kernel's options give dequantize-then-matmul's products as its default does,
+    on tiled words: WLHS=1 (W's tile times x's, y.T's tile accumulating), in row blocks of 16
+    and of 64; JOIN=1 (one dot a tile, the nibble planes joined back into column order); SPLIT
+    (K over 2-3 programs a tile, 3 not dividing the interpreter's K in whole tiles)."""
     from nextok.kernels.triton import w4a16_tiles
 
     n, k, group = SHAPES[0]
@@ -424,9 +426,29 @@ def test_w4a16_dot_with_w_as_the_left_operand(monkeypatch, rows):
     tiled = words4.tile_words(pack_words(q).to(DEVICE), TILES)
     want = torch.nn.functional.linear(x, deq) + b
     config = w4a16_tiles.config
-    for tile in (dict(WLHS=1), dict(WLHS=1, BLOCK_M=64 if rows > 16 else 16)):
+    for tile in (dict(WLHS=1), dict(WLHS=1, BLOCK_M=64 if rows > 16 else 16), dict(JOIN=1),
+                 dict(JOIN=1, SPLIT=3, WLHS=1), dict(SPLIT=2)):
         monkeypatch.setattr(w4a16_tiles, "config", lambda *a, t=tile: (lambda dot, cfg: (dot, dict(cfg, **t)))(*config(*a)))
         _close(w4a16(x, tiled, d.to(DEVICE), m.to(DEVICE), b, layout=TILES), want)
+
+
+def test_dot_row_classes_take_their_own_tiles(monkeypatch):
+    """Past DP4A_ROWS a GPU's table gives tl.dot the tile of its row class ("16": 9-16 rows,
+    "32", "64"), else the "16" one, else the default; the rows a program are the rows rounded
+    up to 16, 32 or 64 and at most the tile's BLOCK_M."""
+    from nextok.kernels.triton import w4a16_tiles as t
+
+    table = {"64x256": {"16": dict(BLOCK_N=32, TW=16, num_warps=4, num_stages=3),
+                        "64": dict(BLOCK_N=128, TW=16, num_warps=8, num_stages=3, BLOCK_M=32, JOIN=1, SPLIT=4)}}
+    monkeypatch.setattr(t, "_tuned", lambda name: table)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
+    gpu = torch.device("cuda")
+    pick = lambda m, n=64: t.config(m, n, 256, 128, gpu)  # noqa: E731
+    assert pick(12) == (True, dict(BLOCK_N=32, GT=1, num_warps=4, num_stages=3, BLOCK_M=16, WLHS=0, JOIN=0, SPLIT=1))
+    assert pick(24)[1]["BLOCK_N"] == 32 and pick(24)[1]["BLOCK_M"] == 32  # no "32": the "16" tile
+    assert pick(40) == (True, dict(BLOCK_N=128, GT=1, num_warps=8, num_stages=3, BLOCK_M=32, WLHS=0, JOIN=1, SPLIT=4))
+    assert pick(40, n=128)[1]["BLOCK_N"] == t.DEFAULT_TILES["16"]["BLOCK_N"]  # a shape not in the table
+    assert not pick(8)[0]
 
 
 def test_w4a16_rows_limit_is_read_once_and_checked(monkeypatch):

@@ -55,6 +55,7 @@ from nextok.kernels.triton import pdl, w4a16_tiles
 from nextok.kernels.triton.int4_words import _tile_ptrs, _tile_step, can_tile, layout_args
 from nextok.kernels.triton.dp4a import _tile_products
 from nextok.kernels.triton.pdl import pdl_wait
+from nextok.kernels.triton.split_k import store_split_k
 from nextok.kernels.triton.w4a16_dot import _w4a16_dot_kernel
 
 MAX_ROWS = 64  # the tl.dot kernel's most rows (Int4Linear sends it w4a16_tiles.KERNEL_ROWS)
@@ -240,26 +241,8 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
             acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, BLOCK_M,
                                  BLOCK_N, GT, WPG, INTERPRET, XRUN)
     out = tl.sum(tl.sum(acc, axis=3), axis=2)  # [BLOCK_M, BLOCK_N]
-    ym = rows[:, None] * s_ym + n[None, :]
-    y_ok = row_ok[:, None] & n_ok[None, :]
-    if SPLIT > 1:
-        pm = (split * M + rows[:, None]) * N + n[None, :]
-        tl.store(part_ptr + pm, out, mask=y_ok)
-        tl.debug_barrier()  # every lane's sums stored before the count says so
-        done = tl.atomic_add(count_ptr + tile * mb + rblock, 1, sem="acq_rel", scope="gpu")
-        if done == SPLIT - 1:
-            out = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for k in tl.static_range(SPLIT):  # .cg: from L2, not a stale L1 line of a past call
-                pk = (k * M + rows[:, None]) * N + n[None, :]
-                out += tl.load(part_ptr + pk, mask=y_ok, other=0.0, cache_modifier=".cg")
-            tl.store(count_ptr + tile * mb + rblock, 0)
-            if HAS_BIAS:
-                out += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            tl.store(y_ptr + ym, out.to(y_ptr.dtype.element_ty), mask=y_ok)
-    else:
-        if HAS_BIAS:
-            out += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + ym, out.to(y_ptr.dtype.element_ty), mask=y_ok)
+    store_split_k(out, part_ptr, count_ptr, b_ptr, y_ptr, rows, row_ok, n, n_ok, M, N, s_ym, split,
+                  tile * mb + rblock, SPLIT, HAS_BIAS, BLOCK_M, BLOCK_N)
 
 
 INTERPRETED = not isinstance(_w4a16_dp4a_kernel, JITFunction)
@@ -328,15 +311,16 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
             from nextok.kernels.triton.w4a16_stream import stream
 
             stream(x, words, d, m, bias, y, silu_mul, layout, use_pdl, cfg)
-        elif not dot:
+        else:  # a grid of (tile of W, split of K, block of rows), both kernels
             tiles, mb = triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(rows, cfg["BLOCK_M"])
             part, count = _scratch(x.device, cfg["SPLIT"] * rows * n, tiles * mb)
-            _w4a16_dp4a_kernel[(tiles * cfg["SPLIT"] * mb,)](
-                *args, part, count, rows, n, kw, d.shape[1], x.stride(0), y.stride(0),
-                SILU_MUL=silu_mul, EVEN=n % cfg["BLOCK_N"] == 0 and kw % (cfg["GT"] * group // 8) == 0,
-                **common)
-        else:
-            _w4a16_dot_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(rows, cfg["BLOCK_M"]))](
-                *args, rows, n, kw, d.shape[1], x.stride(0), y.stride(0),
-                IEEE=INTERPRETED or x.dtype == torch.float32, **common)
+            grid = (tiles * cfg["SPLIT"] * mb,)
+            if dot:
+                _w4a16_dot_kernel[grid](*args, part, count, rows, n, kw, d.shape[1], x.stride(0),
+                                        y.stride(0), IEEE=INTERPRETED or x.dtype == torch.float32, **common)
+            else:
+                _w4a16_dp4a_kernel[grid](
+                    *args, part, count, rows, n, kw, d.shape[1], x.stride(0), y.stride(0),
+                    SILU_MUL=silu_mul, EVEN=n % cfg["BLOCK_N"] == 0 and kw % (cfg["GT"] * group // 8) == 0,
+                    **common)
     return y

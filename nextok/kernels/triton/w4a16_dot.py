@@ -1,9 +1,18 @@
 """W4A16 for 9-64 rows (w4a16.py's w4a16 launches it): each tile of W dequantized to x's dtype in
-registers and multiplied with tl.dot, the rows in blocks of BLOCK_M (16-64, padded), one dot
-per nibble position. The weight layout is w4a16.py's. At more rows than the dp4a kernel's
-eight, the tensor cores' throughput pays for the dequantization (tiles: w4a16_tiles.py, row
-class "16"). Past 16 rows it stands in for dequantizing the whole weight each call (2 bytes
-a weight written and read back) where w4a16_tiles.KERNEL_ROWS lets it.
+registers and multiplied with tl.dot, the rows in blocks of BLOCK_M (16-64, padded). The weight
+layout is w4a16.py's. At more rows than the dp4a kernel's eight, the tensor cores' throughput
+pays for the dequantization (tiles: w4a16_tiles.py, row class "16"). Past 16 rows it could
+stand in for dequantizing the whole weight each call (2 bytes a weight written and read back)
+where w4a16_tiles.KERNEL_ROWS lets it.
+
+Timed on an H100 (2026-12-06-late-h100.md, one dot per nibble position, no split of K): at 16
+rows gate_up 75.9 us against bf16's 80.0, but the other 8B shapes 2-3x bf16's time, with 32-96
+programs for 132 SMs; each 16-row block dequantizes W again. Two tile options, not timed yet:
+- JOIN: one dot per tile. The 8 nibble planes are joined back into column order ([BLOCK_N,
+  TW * 8], columns 8 word + i) and x's tile is one contiguous load. On sm_90 (SASS counted on
+  the CPU) the loop has 2-3 barriers instead of 16, and x is not gathered at a stride of 8.
+- SPLIT: K split over SPLIT programs a tile of W, summed by the last of them (split_k.py), so
+  shapes with few tiles of N fill the SMs.
 """
 from __future__ import annotations
 
@@ -12,6 +21,7 @@ import triton.language as tl
 
 from nextok.kernels.triton.int4_words import _tile_ptrs, _tile_step
 from nextok.kernels.triton.pdl import pdl_wait
+from nextok.kernels.triton.split_k import store_split_k
 
 
 @triton.jit
@@ -28,58 +38,107 @@ def _nibble(w, hi, i: tl.constexpr):
 
 
 @triton.jit
-def _w4a16_dot_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, M, N, KW, G, s_xm, s_ym,
-                      WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
+def _plane(w, hi, d, mn, i: tl.constexpr, dtype: tl.constexpr):
+    # W at columns 8 word + i, rounded to x's dtype: [BLOCK_N, GT, WPG]
+    return (_nibble(w, hi, i) * (d * (1.0 / (1 << (4 * (i % 4))))) + mn).to(dtype)
+
+
+@triton.jit
+def _in_split(i, lo, hi, INTERPRET: tl.constexpr):
+    # whether word (or column) i is in the program's split [lo, hi); on the GPU the loop starts
+    # at lo, so only hi needs a test (the interpreter's loop walks all of K)
+    if INTERPRET:
+        return (i >= lo) & (i < hi)
+    else:
+        return i < hi
+
+
+@triton.jit
+def _dot(acc, a, w2, IEEE: tl.constexpr, WLHS: tl.constexpr):
+    # acc += a [BLOCK_M, K] @ w2 [BLOCK_N, K].T, or its transpose with WLHS
+    if IEEE:  # the interpreter's tl.dot multiplies bfloat16's raw bits
+        if WLHS:
+            acc += tl.dot(w2.to(tl.float32), tl.trans(a.to(tl.float32)), input_precision="ieee")
+        else:
+            acc += tl.dot(a.to(tl.float32), tl.trans(w2.to(tl.float32)), input_precision="ieee")
+    elif WLHS:
+        acc += tl.dot(w2.to(a.dtype), tl.trans(a))
+    else:
+        acc += tl.dot(a, tl.trans(w2.to(a.dtype)))
+    return acc
+
+
+@triton.jit
+def _w4a16_dot_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, KW, G,
+                      s_xm, s_ym, WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                       IEEE: tl.constexpr, INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr,
-                      LN: tl.constexpr, LW: tl.constexpr, WLHS: tl.constexpr = 0):
-    # Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). x [M, 8 * KW] unit-stride rows; words [N, KW];
-    # d, m [N, G]; y [M, N]. A tile: [BLOCK_N, GT, WPG] words (WPG words per group). KW is a
-    # runtime argument; the interpreter cannot loop to one, so there the loop runs to KW_INTERPRET.
+                      LN: tl.constexpr, LW: tl.constexpr, WLHS: tl.constexpr = 0,
+                      JOIN: tl.constexpr = 0, SPLIT: tl.constexpr = 1):
+    # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),), as the dp4a kernel's (w4a16.py): a
+    # program takes BLOCK_M rows of x, BLOCK_N rows of W and a SPLIT-th of K. x [M, 8 * KW]
+    # unit-stride rows; words [N, KW]; d, m [N, G]; y [M, N]; part, count: split_k.py's. A tile:
+    # [BLOCK_N, GT, WPG] words (WPG words per group). KW is a runtime argument; the interpreter
+    # cannot loop to one, so there the loop runs to KW_INTERPRET over all of K, masking the
+    # words outside the program's split.
     # WLHS: W's tile is the dot's left operand (y.T's tile [BLOCK_N, BLOCK_M] accumulates; on
     # sm_90 wgmma then reads W from registers), else x's is (y's tile [BLOCK_M, BLOCK_N]).
     pdl_wait(PDL)
     TW: tl.constexpr = GT * WPG  # words per row per tile
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mb = tl.cdiv(M, BLOCK_M)
+    rblock = tl.program_id(0) % mb
+    split = (tl.program_id(0) // mb) % SPLIT
+    tile = tl.program_id(0) // (mb * SPLIT)
+    n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     n3 = n[:, None, None]
     n_ok3 = n_ok[:, None, None]
     g3 = tl.arange(0, GT)[None, :, None]
     j3 = tl.arange(0, WPG)[None, None, :]
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = rblock * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     t = tl.arange(0, TW)
+    c = tl.arange(0, TW * 8)  # JOIN: a tile's columns in order
+    per_split = tl.cdiv(tl.cdiv(KW, SPLIT), TW) * TW
+    kw_first = split * per_split
+    kw_hi = tl.minimum(kw_first + per_split, KW)
     if WLHS:
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     w_tile = _tile_ptrs(w_ptr, n3, g3 * WPG + j3, KW, TW, LN, LW)
-    for kw0 in range(0, KW_INTERPRET if INTERPRET else KW, TW):
+    for kw0 in range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi, TW):
         word = kw0 + g3 * WPG + j3  # [1, GT, WPG]
-        w = tl.load(w_tile + _tile_step(kw0, LN), mask=n_ok3 & (word < KW), other=0)  # [BLOCK_N, GT, WPG]
+        w = tl.load(w_tile + _tile_step(kw0, LN), mask=n_ok3 & _in_split(word, kw_first, kw_hi, INTERPRET),
+                    other=0)  # [BLOCK_N, GT, WPG]
         hi = w >> 16
         grp = kw0 // WPG + g3  # [1, GT, 1]
         g_mask = n_ok3 & (grp < G)
         d = tl.load(d_ptr + n3 * G + grp, mask=g_mask, other=0.0).to(tl.float32)  # [BLOCK_N, GT, 1]
         mn = tl.load(m_ptr + n3 * G + grp, mask=g_mask, other=0.0).to(tl.float32)
-        for i in tl.static_range(8):
-            wq = _nibble(w, hi, i) * (d * (1.0 / (1 << (4 * (i % 4))))) + mn  # W at 8 word + i
-            col = (kw0 + t) * 8 + i  # [TW]
+        dtype = tl.float32 if IEEE else x_ptr.dtype.element_ty
+        if JOIN:
+            # planes i joined so that the reshape's last index 4 e1 + 2 e2 + e3 is i: the
+            # innermost pairs differ by 4 in i, the outermost by 1
+            ev = tl.join(tl.join(_plane(w, hi, d, mn, 0, dtype), _plane(w, hi, d, mn, 4, dtype)),
+                         tl.join(_plane(w, hi, d, mn, 2, dtype), _plane(w, hi, d, mn, 6, dtype)))
+            od = tl.join(tl.join(_plane(w, hi, d, mn, 1, dtype), _plane(w, hi, d, mn, 5, dtype)),
+                         tl.join(_plane(w, hi, d, mn, 3, dtype), _plane(w, hi, d, mn, 7, dtype)))
+            w2 = tl.reshape(tl.join(ev, od), [BLOCK_N, TW * 8])
+            col = kw0 * 8 + c  # [TW * 8]
             a = tl.load(x_ptr + rows[:, None] * s_xm + col[None, :],
-                        mask=row_ok[:, None] & (kw0 + t < KW)[None, :], other=0.0)
-            w2 = tl.reshape(wq, [BLOCK_N, TW])
-            if IEEE:  # the interpreter's tl.dot multiplies bfloat16's raw bits
-                if WLHS:
-                    acc += tl.dot(w2, tl.trans(a.to(tl.float32)), input_precision="ieee")
-                else:
-                    acc += tl.dot(a.to(tl.float32), tl.trans(w2), input_precision="ieee")
-            elif WLHS:
-                acc += tl.dot(w2.to(a.dtype), tl.trans(a))
-            else:
-                acc += tl.dot(a, tl.trans(w2.to(a.dtype)))
+                        mask=row_ok[:, None] & _in_split(col, 8 * kw_first, 8 * kw_hi, INTERPRET)[None, :],
+                        other=0.0)
+            acc = _dot(acc, a, w2, IEEE, WLHS)
+        else:
+            for i in tl.static_range(8):
+                w2 = tl.reshape(_plane(w, hi, d, mn, i, dtype), [BLOCK_N, TW])  # W at 8 word + i
+                col = (kw0 + t) * 8 + i  # [TW]
+                a = tl.load(x_ptr + rows[:, None] * s_xm + col[None, :],
+                            mask=row_ok[:, None] & _in_split(kw0 + t, kw_first, kw_hi, INTERPRET)[None, :],
+                            other=0.0)
+                acc = _dot(acc, a, w2, IEEE, WLHS)
     if WLHS:
         acc = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rows[:, None] * s_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & n_ok[None, :])
+    store_split_k(acc, part_ptr, count_ptr, b_ptr, y_ptr, rows, row_ok, n, n_ok, M, N, s_ym,
+                  split, tile * mb + rblock, SPLIT, HAS_BIAS, BLOCK_M, BLOCK_N)

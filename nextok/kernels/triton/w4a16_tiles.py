@@ -5,8 +5,9 @@ num_warps, num_stages, and for dp4a SPLIT, BLOCK_M, DEPTH, how many tiles of W a
 (1 if absent), XAHEAD, whether x's tiles are loaded one ahead too (0 if absent), and UNROLL,
 whether the loop takes DEPTH + 1 tiles a turn in buffers of their own (with XAHEAD; 0 if absent),
 XRUN, whether x's fixed point is per run of 4 words instead of per word (0 if absent; w4a16.py),
-for tl.dot ("16") BLOCK_M, rows a program (16-64; 64 if absent), and WLHS, W the dot's left
-operand (0 if absent; w4a16_dot.py),
+for tl.dot (row classes "16", "32", "64"; one missing takes "16"'s) BLOCK_M, rows a program
+(16-64; 64 if absent), WLHS, W the dot's left operand, JOIN, one dot a tile (both 0 if absent;
+w4a16_dot.py), and SPLIT (1 if absent),
 and maxnreg, a cap on the registers a thread (ptxas: the programs an SM holds); one row
 may instead take STREAM programs of w4a16_stream.py's kernel, each a run of the (row tile,
 K tile) steps (0 or absent: the split-K grid); row classes: _row_class), written by
@@ -60,8 +61,11 @@ def kernel_rows() -> int:
     return int(value)
 
 
+DOT_CLASSES = ("16", "32", "64")  # tl.dot's row classes: 9-16, 17-32, 33-64 rows
+
+
 def _row_class(m: int) -> str:
-    """The table's key for m <= DP4A_ROWS rows: "1", "4" (2-4), "8" (5-8); "16" is tl.dot's."""
+    """The table's key for m <= DP4A_ROWS rows: "1", "4" (2-4), "8" (5-8); DOT_CLASSES are tl.dot's."""
     return next(c for c in ("1", "4", "8") if m <= int(c))
 
 
@@ -72,7 +76,10 @@ def _row_class(m: int) -> str:
 DEFAULT_TILES = {"1": dict(BLOCK_N=128, TW=32, num_warps=4, num_stages=3, SPLIT=8),
                  "4": dict(BLOCK_N=64, TW=32, num_warps=4, num_stages=3, SPLIT=4, BLOCK_M=4),
                  "8": dict(BLOCK_N=64, TW=32, num_warps=4, num_stages=3, SPLIT=4, BLOCK_M=8),
-                 "16": dict(BLOCK_N=32, TW=32, num_warps=4, num_stages=3)}
+                 # 9-64 rows (tl.dot): within 1.44x of the best tile at 16 rows at each 8B shape on
+                 # an H100 (2026-12-06-w4a16-dot-probe-h100-7ef0119.json); BLOCK_N 32 with TW 32,
+                 # the default before, took 2.87x the best at gate_up
+                 "16": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3)}
 
 
 def _default_tile(cls: str, n: int, k: int) -> dict:
@@ -92,7 +99,7 @@ def _default_tile(cls: str, n: int, k: int) -> dict:
 def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
     # tl.dot: rows in blocks of 16-64 (a "16" tile's BLOCK_M caps them), a block per program
     extra = dict(BLOCK_M=min(max(16, tile.get("BLOCK_M", 64)), max(16, triton.next_power_of_2(m))),
-                 WLHS=tile.get("WLHS", 0)) if dot else dict(
+                 WLHS=tile.get("WLHS", 0), JOIN=tile.get("JOIN", 0), SPLIT=tile.get("SPLIT", 1)) if dot else dict(
         SPLIT=tile.get("SPLIT", 1), BLOCK_M=min(tile.get("BLOCK_M", 1), triton.next_power_of_2(m)),
         DEPTH=tile.get("DEPTH", 1), XAHEAD=tile.get("XAHEAD", 0),
         UNROLL=tile.get("UNROLL", 0) if tile.get("XAHEAD", 0) else 0,  # UNROLL needs XAHEAD
@@ -118,8 +125,11 @@ def config(m: int, n: int, k: int, group: int, device: torch.device) -> tuple[bo
         dot = m > DP4A_ROWS
         return dot, _tile(_OVERRIDE, m, dot, wpg)
     table = _tuned(torch.cuda.get_device_name(device)).get(f"{n}x{k}", {})
-    cls = "16" if m > DP4A_ROWS else _row_class(m)
+    if m > DP4A_ROWS:  # tl.dot: the tile for up to 16, 32 or 64 rows, else the "16" one
+        tile = table.get(next(c for c in DOT_CLASSES if m <= int(c)), table.get("16"))
+        return True, _tile(tile or DEFAULT_TILES["16"], m, True, wpg)
+    cls = _row_class(m)
     tile = table.get(cls) or _default_tile(cls, n, k)
     if tile.get("dot"):
-        cls, tile = "16", table.get("16") or DEFAULT_TILES["16"]
-    return cls == "16", _tile(tile, m, cls == "16", wpg)
+        return True, _tile(table.get("16") or DEFAULT_TILES["16"], m, True, wpg)
+    return False, _tile(tile, m, False, wpg)
