@@ -14,7 +14,6 @@ kernels/triton/configs/ holds). Whether the kernel should take steps past 16 row
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import sys
 
@@ -24,9 +23,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from w4a16_probe import graph_us  # noqa: E402
+from w4a16_probe import graph_us, write_results  # noqa: E402
 
-from nextok.bench.common import header  # noqa: E402
 from nextok.kernels.triton import int4_words as words4  # noqa: E402
 from nextok.kernels.triton import w4a16 as w4  # noqa: E402
 from nextok.kernels.triton import w4a16_tiles as tiles  # noqa: E402
@@ -94,14 +92,7 @@ def main() -> int:
                   f"{ {key: v for key, v in best.items() if key not in ('us', 'max_diff')} }", flush=True)
         del bfs, packed
         torch.cuda.empty_cache()
-    kept = tiles._tuned(torch.cuda.get_device_name(dev))  # the repo's 1/4/8-row entries stay
-    for shape, entry in kept.items():
-        for cls, tile in entry.items():
-            table.setdefault(shape, {}).setdefault(cls, tile)
-    with open(table_path, "w") as f:
-        json.dump(table, f, indent=1, sort_keys=True)
-    with open(out_path, "w") as f:
-        json.dump(header({"layout": layout, "rows": results}), f, indent=1)
+    write_results(table, table_path, out_path, layout, results, dev)  # the 1/4/8-row entries stay
     return 0
 
 

@@ -172,7 +172,13 @@ def main() -> int:
                   flush=True)
         del bfs, packed, packed_other
         torch.cuda.empty_cache()
-    # the repo's table: its tl.dot tiles ("16") stay, and so do the row classes not probed here
+    write_results(table, table_path, out_path, LAYOUT, rows, dev)
+    return 0
+
+
+def write_results(table: dict, table_path: str, out_path: str, layout, rows: list, dev) -> None:
+    """TABLE: the probed tiles over the repo's table for this GPU (the row classes and shapes
+    not probed stay); OUT: every timing, with the machine and commit."""
     kept = tiles._tuned(torch.cuda.get_device_name(dev))
     for shape, entry in kept.items():
         for cls, tile in entry.items():
@@ -180,8 +186,7 @@ def main() -> int:
     with open(table_path, "w") as f:
         json.dump(table, f, indent=1, sort_keys=True)
     with open(out_path, "w") as f:
-        json.dump(header({"layout": LAYOUT, "rows": rows}), f, indent=1)
-    return 0
+        json.dump(header({"layout": layout, "rows": rows}), f, indent=1)
 
 
 if __name__ == "__main__":

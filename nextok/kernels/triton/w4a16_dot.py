@@ -1,9 +1,9 @@
 """W4A16 for 9-64 rows (w4a16.py's w4a16 launches it): each tile of W dequantized to x's dtype in
 registers and multiplied with tl.dot, the rows in blocks of BLOCK_M (16-64, padded). The weight
 layout is w4a16.py's. At more rows than the dp4a kernel's eight, the tensor cores' throughput
-pays for the dequantization (tiles: w4a16_tiles.py, row class "16"). Past 16 rows it could
-stand in for dequantizing the whole weight each call (2 bytes a weight written and read back)
-where w4a16_tiles.KERNEL_ROWS lets it.
+pays for the dequantization (tiles: w4a16_tiles.py, row classes "16", "32", "64"). Past 16
+rows it could stand in for dequantizing the whole weight each call (2 bytes a weight written
+and read back) where w4a16_tiles.KERNEL_ROWS lets it.
 
 Timed on an H100 (2026-12-06-late-h100.md, one dot per nibble position, no split of K): at 16
 rows gate_up 75.9 us against bf16's 80.0, but the other 8B shapes 2-3x bf16's time, with 32-96
@@ -39,7 +39,7 @@ def _nibble(w, hi, i: tl.constexpr):
 
 @triton.jit
 def _plane(w, hi, d, mn, i: tl.constexpr, dtype: tl.constexpr):
-    # W at columns 8 word + i, rounded to x's dtype: [BLOCK_N, GT, WPG]
+    # W at columns 8 word + i in the dot's input dtype: [BLOCK_N, GT, WPG]
     return (_nibble(w, hi, i) * (d * (1.0 / (1 << (4 * (i % 4))))) + mn).to(dtype)
 
 

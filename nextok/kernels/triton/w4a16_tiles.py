@@ -25,7 +25,7 @@ import triton
 
 DP4A_ROWS = 8  # up to this many rows the dp4a kernel, above it the tl.dot one
 # Steps of up to KERNEL_ROWS rows run these kernels (Int4Linear); bigger ones dequantize the
-# whole weight (int4_words.dequantize) and run cuBLAS. NEXTOK_W4A16_ROWS (9-64) moves it.
+# whole weight (int4_words.dequantize) and run cuBLAS. NEXTOK_W4A16_ROWS (8-64) moves it.
 KERNEL_ROWS = 16
 _OVERRIDE: dict | None = None  # benchmarks/gpu/w4a16_probe.py sets tiles to sweep them
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
@@ -97,13 +97,15 @@ def _default_tile(cls: str, n: int, k: int) -> dict:
 
 
 def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
-    # tl.dot: rows in blocks of 16-64 (a "16" tile's BLOCK_M caps them), a block per program
-    extra = dict(BLOCK_M=min(max(16, tile.get("BLOCK_M", 64)), max(16, triton.next_power_of_2(m))),
-                 WLHS=tile.get("WLHS", 0), JOIN=tile.get("JOIN", 0), SPLIT=tile.get("SPLIT", 1)) if dot else dict(
-        SPLIT=tile.get("SPLIT", 1), BLOCK_M=min(tile.get("BLOCK_M", 1), triton.next_power_of_2(m)),
-        DEPTH=tile.get("DEPTH", 1), XAHEAD=tile.get("XAHEAD", 0),
-        UNROLL=tile.get("UNROLL", 0) if tile.get("XAHEAD", 0) else 0,  # UNROLL needs XAHEAD
-        XRUN=tile.get("XRUN", 0))
+    if dot:  # rows in blocks of 16-64 a program, at most the tile's BLOCK_M
+        block_m = min(max(16, tile.get("BLOCK_M", 64)), max(16, triton.next_power_of_2(m)))
+        extra = dict(BLOCK_M=block_m, WLHS=tile.get("WLHS", 0), JOIN=tile.get("JOIN", 0),
+                     SPLIT=tile.get("SPLIT", 1))
+    else:
+        extra = dict(SPLIT=tile.get("SPLIT", 1), BLOCK_M=min(tile.get("BLOCK_M", 1), triton.next_power_of_2(m)),
+                     DEPTH=tile.get("DEPTH", 1), XAHEAD=tile.get("XAHEAD", 0),
+                     UNROLL=tile.get("UNROLL", 0) if tile.get("XAHEAD", 0) else 0,  # UNROLL needs XAHEAD
+                     XRUN=tile.get("XRUN", 0))
     if not dot and m == 1 and tile.get("STREAM"):
         extra["STREAM"] = tile["STREAM"]
     if not dot and tile.get("maxnreg") and "STREAM" not in extra:  # ptxas's register cap
