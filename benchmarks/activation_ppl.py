@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fixed_point_error import fixed_point  # noqa: E402
+from fixed_point_error import fixed_point, reference_model  # noqa: E402
 
 from nextok.bench.common import header  # noqa: E402
 from nextok.eval.ppl import load_documents  # noqa: E402
@@ -52,19 +52,11 @@ VARIANTS = {
 
 
 def main() -> int:
-    import transformers
-
-    from nextok.hub import resolve_model
-
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("max_tokens", nargs="?", type=int, default=20000)
     args = ap.parse_args()
-    path = resolve_model(None)
-    kw = dict(gguf_file=os.path.basename(path))
-    model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), dtype=torch.float32,
-                                                              **kw).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), **kw)
+    model, tok = reference_model()
     docs = load_documents("code", tok, args.max_tokens)
     linears = {name: mod for name, mod in model.named_modules()
                if isinstance(mod, torch.nn.Linear) and "lm_head" not in name}

@@ -36,20 +36,25 @@ def rel_w(x: torch.Tensor, w: torch.Tensor, w4: torch.Tensor, y: torch.Tensor) -
     return ((x @ (w - w4).T).norm() / y.norm()).item()
 
 
-def main() -> int:
+def reference_model():
+    """(transformers' float32 model of the default GGUF, its tokenizer)."""
     import transformers
 
     from nextok.hub import resolve_model
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("tokens", nargs="?", type=int, default=512)
-    args = ap.parse_args()
     path = resolve_model(None)
     kw = dict(gguf_file=os.path.basename(path))
     model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), dtype=torch.float32,
                                                               **kw).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), **kw)
+    return model, transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), **kw)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("tokens", nargs="?", type=int, default=512)
+    args = ap.parse_args()
+    model, tok = reference_model()
     text = open(argparse.__file__).read()  # a standard-library source the activations come from
     ids = tok(text[:4 * args.tokens], return_tensors="pt").input_ids[:, :args.tokens]
     inputs: dict[str, torch.Tensor] = {}

@@ -23,11 +23,9 @@ import torch.nn.functional as F
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from w4a16_probe import graph_us, write_results  # noqa: E402
+from w4a16_probe import graph_us, time_tile, write_results  # noqa: E402
 
 from nextok.kernels.triton import int4_words as words4  # noqa: E402
-from nextok.kernels.triton import w4a16 as w4  # noqa: E402
-from nextok.kernels.triton import w4a16_tiles as tiles  # noqa: E402
 from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # noqa: E402
 
 DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336"
@@ -66,18 +64,8 @@ def main() -> int:
                  "bf16_cublas_us": graph_us(lambda i: F.linear(x, bfs[i]), copies),
                  "dequant_cublas_us": graph_us(lambda i: F.linear(x, words4.dequantize(
                      *packed[i], torch.bfloat16, layout=layout)), copies)}
-            sweep = []
-            for cfg in DOT:  # (a BLOCK_M over the rows runs as the rows' block)
-                tiles.set_config(cfg)
-                try:
-                    us = graph_us(lambda i: w4.w4a16(x, *packed[i], layout=layout), copies)
-                    err = (w4.w4a16(x, *packed[0], layout=layout).float() - ref).abs().max().item()
-                except Exception as e:  # a tile the compiler or the SM cannot take
-                    print(f"  {n}x{k} rows {rows} {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-                    continue
-                finally:
-                    tiles.set_config(None)
-                sweep.append(dict(cfg, us=us, max_diff=err))
+            # (a BLOCK_M over the rows runs as the rows' block)
+            sweep = [t for t in (time_tile(cfg, x, packed, ref, copies, layout) for cfg in DOT) if t]
             if not sweep:
                 continue
             best = min(sweep, key=lambda s: s["us"])

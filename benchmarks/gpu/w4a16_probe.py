@@ -121,16 +121,7 @@ def main() -> int:
             r["bf16_cublas_us"] = graph_us(lambda i: F.linear(x, bfs[i]), copies)
             r["bf16_gemv_us"] = graph_us(lambda i: gemv(x, bfs[i]), copies)
             grid = DP4A if mrows == 1 else ROWS[mrows]
-            sweep = []
-            for cfg in grid:
-                tiles.set_config(cfg)
-                try:
-                    us = graph_us(lambda i: w4.w4a16(x, *packed[i], layout=LAYOUT), copies)
-                    err = (w4.w4a16(x, *packed[0], layout=LAYOUT).float() - ref).abs().max().item()
-                except Exception as e:  # a tile the compiler or the SM cannot take
-                    print(f"  {n}x{k} rows {mrows} {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-                    continue
-                sweep.append(dict(cfg or {}, us=us, max_diff=err))
+            sweep = [t for t in (time_tile(cfg, x, packed, ref, copies, LAYOUT) for cfg in grid) if t]
             best = min(sweep, key=lambda s: s["us"])
             if mrows == 1 and not best.get("STREAM"):  # the best tile again with ptxas held to
                 # 128 registers a thread (4 programs of 4 warps an SM): ptxas's own count moves
@@ -174,6 +165,22 @@ def main() -> int:
         torch.cuda.empty_cache()
     write_results(table, table_path, out_path, LAYOUT, rows, dev)
     return 0
+
+
+def time_tile(cfg: dict, x, packed: list, ref, copies: int, layout) -> dict | None:
+    """cfg with its time (us) and largest difference from ref (max_diff) over the packed
+    copies, or None (said why) for a tile the compiler or the SM cannot take."""
+    tiles.set_config(cfg)
+    try:
+        us = graph_us(lambda i: w4.w4a16(x, *packed[i], layout=layout), copies)
+        err = (w4.w4a16(x, *packed[0], layout=layout).float() - ref).abs().max().item()
+    except Exception as e:
+        print(f"  {tuple(packed[0][0].shape)} rows {x.shape[0]} {cfg}: {type(e).__name__}: {str(e)[:120]}",
+              flush=True)
+        return None
+    finally:
+        tiles.set_config(None)
+    return dict(cfg, us=us, max_diff=err)
 
 
 def write_results(table: dict, table_path: str, out_path: str, layout, rows: list, dev) -> None:
