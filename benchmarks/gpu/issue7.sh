@@ -139,7 +139,7 @@ fp8-kv)
 rows)
     step "CUDA tests: W4A16 at 16-64 rows"
     run_for ${T_TESTS:-90} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_quant_linear.py \
-        -k "test_w4a16 and (16 or 40) or int4_linear or rows_limit or tile_options" 2>&1 | tail -4 | tee "$OUT/rows-tests.txt"
+        -k "tile_options or int4_linear or row_classes or test_w4a16 and 40" 2>&1 | tail -4 | tee "$OUT/rows-tests.txt"
     step "W4A16 tl.dot tiles at 16-64 rows, Llama-3.1-8B layer shapes"
     run_for ${T_PROBE:-200} python3 benchmarks/gpu/w4a16_dot_probe.py "$OUT/w4a16-dot-probe.json" \
         "$OUT/w4a16-dot-table.json" 2>&1 | grep -v "^  " | tail -14
@@ -157,11 +157,16 @@ rows)
     ;;
 plan)
     # What item 4 still needs, most needed first, under one call's deadline (DEADLINE=S; a step
-    # that would not finish is skipped): the CUDA tests of what no GPU has run yet (the fp8
-    # cache's decode on int32 words, W4A16's XRUN); the W4A16 sweep at 1, 4 and 8 rows, XRUN
-    # among its tiles (SKIP_PROBE=1: the committed tiles), and the 8B step on its table, bf16
-    # then int4 then int4 with an int4 lm_head (~75 s each on a warm card); the FP8 throughput
-    # pair. (2026-12-06: the sweep at 1 row took ~50 s on an H100, at 4 and 8 rows ~100 s.)
+    # that would not finish is skipped). On an H200: the CUDA tests of the fp8 cache's decode on
+    # int32 words and of W4A16's XRUN; the W4A16 sweep at 1, 4 and 8 rows (SKIP_PROBE=1: the
+    # committed tiles), and the 8B step on its table, bf16 then int4 then int4 with an int4
+    # lm_head (~75 s each on a warm card); the FP8 throughput pair. (2026-12-06: the sweep at 1
+    # row took ~50 s on an H100, at 4 and 8 rows ~100 s.) Elsewhere (the H100 has those figures,
+    # 2026-12-06-late-h100.md): `rows`, W4A16 at 16-64 rows on the tl.dot kernel's new options.
+    if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        bash "$0" rows
+        exit
+    fi
     Q=tests/kernels/test_triton_quant_linear.py
     TESTS="tests/kernels/test_triton_attention.py::test_fp8_kv_cache $Q::test_w4a16_with_x_in_fixed_point_per_run_of_words" \
         T_TESTS=${T_TESTS:-90} bash "$0" tests
