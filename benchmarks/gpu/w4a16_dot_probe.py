@@ -31,8 +31,8 @@ from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # 
 DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336"
 ROW_COUNTS = [int(r) for r in os.environ.get("PROBE_ROWS", "16,32,64").split(",")]
 # JOIN (one dot a tile) with K split 1-8 ways and 16-64 rows a program; beside it the per-nibble
-# kernel at the tiles that won at 16 rows on an H100 (2026-12-06, 7ef0119), split or not. WLHS
-# was within 3 % of the default orientation there, best at 3 points of 12: not swept again.
+# kernel at the tiles that won at 16 rows on an H100 (2026-12-06, 7ef0119), split or not.
+# (W as the dot's left operand, WLHS, was within 3 % there and is gone from the kernel.)
 # (BLOCK_N 128 with 64 rows at 4 warps: Triton 3.6's TritonGPUOptimizeDotOperands pass fails on
 # it for sm_90, compiled on the CPU)
 DOT = ([dict(BLOCK_N=bn, TW=16, num_warps=nw, num_stages=3, BLOCK_M=bm, JOIN=1, SPLIT=sp)

@@ -414,9 +414,9 @@ def test_int4_linear_runs_the_kernel_or_the_torch_path_alike():
 @pytest.mark.parametrize("rows", [12, 40])
 def test_w4a16_dot_tile_options_give_the_same_products(monkeypatch, rows):
     """The tl.dot kernel's options give dequantize-then-matmul's products as its default does,
-    on tiled words: WLHS=1 (W's tile times x's, y.T's tile accumulating), in row blocks of 16
-    and of 64; JOIN=1 (one dot a tile, the nibble planes joined back into column order); SPLIT
-    (K over 2-3 programs a tile, 3 not dividing the interpreter's K in whole tiles)."""
+    on tiled words: row blocks of 16 and of 64; JOIN=1 (one dot a tile, the nibble planes joined
+    back into column order); SPLIT (K over 2-3 programs a tile, 3 not dividing the
+    interpreter's K in whole tiles)."""
     from nextok.kernels.triton import w4a16_tiles
 
     n, k, group = SHAPES[0]
@@ -426,8 +426,8 @@ def test_w4a16_dot_tile_options_give_the_same_products(monkeypatch, rows):
     tiled = words4.tile_words(pack_words(q).to(DEVICE), TILES)
     want = torch.nn.functional.linear(x, deq) + b
     config = w4a16_tiles.config
-    for tile in (dict(WLHS=1), dict(WLHS=1, BLOCK_M=64 if rows > 16 else 16), dict(JOIN=1),
-                 dict(JOIN=1, SPLIT=3, WLHS=1), dict(SPLIT=2)):
+    for tile in (dict(BLOCK_M=64 if rows > 16 else 16), dict(JOIN=1), dict(JOIN=1, SPLIT=3, BLOCK_M=64),
+                 dict(SPLIT=2)):
         monkeypatch.setattr(w4a16_tiles, "config", lambda *a, t=tile: (lambda dot, cfg: (dot, dict(cfg, **t)))(*config(*a)))
         _close(w4a16(x, tiled, d.to(DEVICE), m.to(DEVICE), b, layout=TILES), want)
 
@@ -444,9 +444,9 @@ def test_dot_row_classes_take_their_own_tiles(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
     gpu = torch.device("cuda")
     pick = lambda m, n=64: t.config(m, n, 256, 128, gpu)  # noqa: E731
-    assert pick(12) == (True, dict(BLOCK_N=32, GT=1, num_warps=4, num_stages=3, BLOCK_M=16, WLHS=0, JOIN=0, SPLIT=1))
+    assert pick(12) == (True, dict(BLOCK_N=32, GT=1, num_warps=4, num_stages=3, BLOCK_M=16, JOIN=0, SPLIT=1))
     assert pick(24)[1]["BLOCK_N"] == 32 and pick(24)[1]["BLOCK_M"] == 32  # no "32": the "16" tile
-    assert pick(40) == (True, dict(BLOCK_N=128, GT=1, num_warps=8, num_stages=3, BLOCK_M=32, WLHS=0, JOIN=1, SPLIT=4))
+    assert pick(40) == (True, dict(BLOCK_N=128, GT=1, num_warps=8, num_stages=3, BLOCK_M=32, JOIN=1, SPLIT=4))
     assert pick(40, n=128)[1]["BLOCK_N"] == t.DEFAULT_TILES["16"]["BLOCK_N"]  # a shape not in the table
     assert not pick(8)[0]
 
