@@ -30,16 +30,19 @@ from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # 
 
 DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336"
 ROW_COUNTS = [int(r) for r in os.environ.get("PROBE_ROWS", "16,32,64").split(",")]
-# JOIN (one dot a tile) with K split 1-8 ways and 16-64 rows a program; beside it the per-nibble
-# kernel at the tiles that won at 16 rows on an H100 (2026-12-06, 7ef0119), split or not.
-# (W as the dot's left operand, WLHS, was within 3 % there and is gone from the kernel.)
-# (BLOCK_N 128 with 64 rows at 4 warps: Triton 3.6's TritonGPUOptimizeDotOperands pass fails on
-# it for sm_90, compiled on the CPU)
-DOT = ([dict(BLOCK_N=bn, TW=16, num_warps=nw, num_stages=3, BLOCK_M=bm, JOIN=1, SPLIT=sp)
+# JOIN (one dot a tile) with PAIRS (W dequantized two columns a register: ~0.6x the loop's
+# instructions, counted for sm_90) over K split 1-8 ways and 16-64 rows a program; beside it, to
+# compare, JOIN through float32 and the per-nibble kernel (the tiles that won at 16 rows on an
+# H100, 2026-12-06, 7ef0119) at a few tiles each. (W as the dot's left operand, WLHS, was within
+# 3 % there and is gone from the kernel.) (BLOCK_N 128 with 64 rows at 4 warps: Triton 3.6's
+# TritonGPUOptimizeDotOperands pass fails on it for sm_90, compiled on the CPU)
+DOT = ([dict(BLOCK_N=bn, TW=16, num_warps=nw, num_stages=3, BLOCK_M=bm, JOIN=1, SPLIT=sp, PAIRS=1)
         for (bn, nw), bm, sp in itertools.product(((64, 4), (128, 4), (128, 8)), (16, 32, 64), (1, 2, 4, 8))
         if not (bn == 128 and nw == 4 and bm == 64)]
-       + [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, BLOCK_M=16, SPLIT=sp)
-          for (bn, tw, nw), sp in itertools.product(((32, 32, 4), (64, 32, 4), (128, 16, 8)), (1, 4))])
+       + [dict(BLOCK_N=bn, TW=16, num_warps=nw, num_stages=3, BLOCK_M=bm, JOIN=1, SPLIT=sp)
+          for (bn, nw), bm, sp in itertools.product(((64, 4), (128, 8)), (16, 64), (1, 4))]
+       + [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, BLOCK_M=16)
+          for bn, tw, nw in ((32, 32, 4), (64, 32, 4), (128, 16, 8))])
 
 
 def main() -> int:

@@ -109,15 +109,17 @@ def _specs() -> list:
                 specs.append((f"gguf dequantize type={type_id}", ("gguf_linear", "_dequant_kernel"),
                               dict(w_ptr="*u8", out_ptr="*bf16"),
                               dict(TYPE=type_id, QK=qk, NB=nb, S=sub, BLOCK_N=32)))
-    for ln, lw, block_m, join, split in ((0, 1, 16, 0, 1), (64, 16, 16, 0, 1), (64, 16, 64, 0, 4),
-                                         (64, 16, 64, 1, 1), (64, 16, 16, 1, 4), (64, 16, 64, 1, 2)):
-        specs.append((f"w4a16 tl.dot kernel tiles={ln}x{lw} BLOCK_M={block_m} JOIN={join} SPLIT={split}",
-                      ("w4a16_dot", "_w4a16_dot_kernel"),
-                      dict(x_ptr="*bf16", w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", b_ptr="*fp16",
-                           y_ptr="*bf16", part_ptr="*fp32", count_ptr="*i32"),
+    for ln, lw, block_m, join, split, pairs, xt in (
+            (0, 1, 16, 0, 1, 0, "bf16"), (64, 16, 16, 0, 1, 0, "bf16"), (64, 16, 64, 0, 4, 0, "bf16"),
+            (64, 16, 64, 1, 1, 0, "bf16"), (64, 16, 16, 1, 4, 0, "bf16"), (64, 16, 64, 1, 2, 0, "bf16"),
+            (64, 16, 64, 1, 2, 1, "bf16"), (64, 16, 16, 1, 1, 1, "bf16"), (64, 16, 64, 1, 4, 1, "fp16")):
+        specs.append((f"w4a16 tl.dot kernel tiles={ln}x{lw} BLOCK_M={block_m} JOIN={join} SPLIT={split} "
+                      f"PAIRS={pairs} x={xt}", ("w4a16_dot", "_w4a16_dot_kernel"),
+                      dict(x_ptr=f"*{xt}", w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", b_ptr="*fp16",
+                           y_ptr=f"*{xt}", part_ptr="*fp32", count_ptr="*i32"),
                       dict(WPG=16, GT=1 if join else 2, HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=64 if join else 32,
                            PDL=True, IEEE=False, INTERPRET=False, KW_INTERPRET=0, LN=ln, LW=lw,
-                           JOIN=join, SPLIT=split)))
+                           JOIN=join, SPLIT=split, PAIRS=pairs)))
     for ln, lw in ((0, 1), (64, 16)):  # row-major words, and tiled (int4_words.LAYOUT)
         specs.append((f"w4a16 dequantize tiles={ln}x{lw}", ("int4_words", "_dequant_kernel"),
                       dict(w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", out_ptr="*bf16"),

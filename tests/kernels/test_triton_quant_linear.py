@@ -416,37 +416,46 @@ def test_w4a16_dot_tile_options_give_the_same_products(monkeypatch, rows):
     """The tl.dot kernel's options give dequantize-then-matmul's products as its default does,
     on tiled words: row blocks of 16 and of 64; JOIN=1 (one dot a tile, the nibble planes joined
     back into column order); SPLIT (K over 2-3 programs a tile, 3 not dividing the
-    interpreter's K in whole tiles)."""
+    interpreter's K in whole tiles); PAIRS=1 (W dequantized two columns a register in x's
+    dtype: on CUDA PTX for bfloat16 and float16 each, in the interpreter float32, with d and m
+    rounded to x's dtype as the GPU rounds them)."""
     from nextok.kernels.triton import w4a16_tiles
 
     n, k, group = SHAPES[0]
     w, x, b = _data(torch.bfloat16, n, k, rows)
     q, d, m = quantize_groups(w, group)
-    deq = dequantize_groups(q, d, m).to(DEVICE, torch.bfloat16)
     tiled = words4.tile_words(pack_words(q).to(DEVICE), TILES)
-    want = torch.nn.functional.linear(x, deq) + b
     config = w4a16_tiles.config
-    for tile in (dict(BLOCK_M=64 if rows > 16 else 16), dict(JOIN=1), dict(JOIN=1, SPLIT=3, BLOCK_M=64),
-                 dict(SPLIT=2)):
-        monkeypatch.setattr(w4a16_tiles, "config", lambda *a, t=tile: (lambda dot, cfg: (dot, dict(cfg, **t)))(*config(*a)))
-        _close(w4a16(x, tiled, d.to(DEVICE), m.to(DEVICE), b, layout=TILES), want)
+    for dtype, tiles in ((torch.bfloat16, (dict(BLOCK_M=64 if rows > 16 else 16), dict(JOIN=1),
+                                           dict(JOIN=1, SPLIT=3, BLOCK_M=64), dict(SPLIT=2),
+                                           dict(JOIN=1, PAIRS=1), dict(JOIN=1, PAIRS=1, SPLIT=3, BLOCK_M=64))),
+                         (torch.float16, (dict(JOIN=1, PAIRS=1),))):
+        xd, bd = x.to(dtype), b.to(dtype)
+        want = torch.nn.functional.linear(xd, dequantize_groups(q, d, m).to(DEVICE, dtype)) + bd
+        for tile in tiles:
+            monkeypatch.setattr(w4a16_tiles, "config",
+                                lambda *a, t=tile: (lambda dot, cfg: (dot, dict(cfg, **t)))(*config(*a)))
+            _close(w4a16(xd, tiled, d.to(DEVICE), m.to(DEVICE), bd, layout=TILES), want)
 
 
 def test_dot_row_classes_take_their_own_tiles(monkeypatch):
     """Past DP4A_ROWS a GPU's table gives tl.dot the tile of its row class ("16": 9-16 rows,
     "32", "64"), else the "16" one, else the default; the rows a program are the rows rounded
-    up to 16, 32 or 64 and at most the tile's BLOCK_M."""
+    up to 16, 32 or 64 and at most the tile's BLOCK_M. PAIRS is kept only with JOIN."""
     from nextok.kernels.triton import w4a16_tiles as t
 
-    table = {"64x256": {"16": dict(BLOCK_N=32, TW=16, num_warps=4, num_stages=3),
-                        "64": dict(BLOCK_N=128, TW=16, num_warps=8, num_stages=3, BLOCK_M=32, JOIN=1, SPLIT=4)}}
+    table = {"64x256": {"16": dict(BLOCK_N=32, TW=16, num_warps=4, num_stages=3, PAIRS=1),  # no JOIN: no PAIRS
+                        "64": dict(BLOCK_N=128, TW=16, num_warps=8, num_stages=3, BLOCK_M=32, JOIN=1, SPLIT=4,
+                                   PAIRS=1)}}
     monkeypatch.setattr(t, "_tuned", lambda name: table)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
     gpu = torch.device("cuda")
     pick = lambda m, n=64: t.config(m, n, 256, 128, gpu)  # noqa: E731
-    assert pick(12) == (True, dict(BLOCK_N=32, GT=1, num_warps=4, num_stages=3, BLOCK_M=16, JOIN=0, SPLIT=1))
+    assert pick(12) == (True, dict(BLOCK_N=32, GT=1, num_warps=4, num_stages=3, BLOCK_M=16, JOIN=0, SPLIT=1,
+                                 PAIRS=0))
     assert pick(24)[1]["BLOCK_N"] == 32 and pick(24)[1]["BLOCK_M"] == 32  # no "32": the "16" tile
-    assert pick(40) == (True, dict(BLOCK_N=128, GT=1, num_warps=8, num_stages=3, BLOCK_M=32, JOIN=1, SPLIT=4))
+    assert pick(40) == (True, dict(BLOCK_N=128, GT=1, num_warps=8, num_stages=3, BLOCK_M=32, JOIN=1, SPLIT=4,
+                                   PAIRS=1))
     assert pick(40, n=128)[1]["BLOCK_N"] == t.DEFAULT_TILES["16"]["BLOCK_N"]  # a shape not in the table
     assert not pick(8)[0]
 

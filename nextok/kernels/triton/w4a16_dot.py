@@ -13,6 +13,10 @@ programs for 132 SMs; each 16-row block dequantizes W again. Two tile options, n
   the CPU) the loop has 2-3 barriers instead of 16, and x is not gathered at a stride of 8.
 - SPLIT: K split over SPLIT programs a tile of W, summed by the last of them (split_k.py), so
   shapes with few tiles of N fill the SMs.
+- PAIRS (with JOIN): W dequantized in x's 16-bit dtype two columns a 32-bit register
+  (_paired_planes): the loop of a 64-row tile goes from 454 to 284 instructions on sm_90, so
+  that the dequantization, not the weight's bytes, no longer bounds it. d and m are rounded to
+  x's dtype first (float16 -> bfloat16 moves a weight by up to ~2^-9 (15 |d| + |m|)).
 W's tile as the dot's left operand (sm_90's wgmma reading it from registers) was timed in the
 same call and dropped: within 3 % of this orientation, ahead at 3 of 12 points.
 """
@@ -45,6 +49,54 @@ def _plane(w, hi, d, mn, i: tl.constexpr, dtype: tl.constexpr):
     return (_nibble(w, hi, i) * (d * (1.0 / (1 << (4 * (i % 4))))) + mn).to(dtype)
 
 
+# prmt selectors of pair b: byte 0 from the word's byte b (nibble 2b low), byte 2 from the word
+# shifted right by 4's byte b (nibble 2b + 1 low); bytes 1 and 3 are masked off after
+_PAIR_ASM = ("{{ .reg .b32 w4, one, neg, d2, m2, p0, p1, p2, p3; shr.u32 w4, $8, 4; "
+             "mov.b32 d2, {{$9, $9}}; mov.b32 m2, {{$10, $10}}; mov.b32 one, {one}; mov.b32 neg, {neg}; "
+             + "".join(f"prmt.b32 p{b}, $8, w4, {0x4400 + 0x1111 * b}; "
+                       "lop3.b32 p{b}, p{b}, 0x000F000F, {magic}, 0xEA; "
+                       "fma.rn.{t} p{b}, p{b}, one, neg; fma.rn.{t} p{b}, p{b}, d2, m2; "
+                       f"mov.b32 {{{{${2 * b}, ${2 * b + 1}}}}}, p{b}; ".replace("{b}", str(b))
+                       for b in range(4)) + "}}")
+# bfloat16: 0x4300 is 128 (7 mantissa bits), float16: 0x6400 is 1024 (10); the nibble in the
+# low mantissa bits makes 128 + q (1024 + q), exact, and 1 * that - 128 (-1024) is q
+PAIR_ASM_BF16 = tl.constexpr(_PAIR_ASM.format(t="bf16x2", magic="0x43004300", one="0x3F803F80", neg="0xC300C300"))
+PAIR_ASM_F16 = tl.constexpr(_PAIR_ASM.format(t="f16x2", magic="0x64006400", one="0x3C003C00", neg="0xE400E400"))
+
+
+@triton.jit
+def _paired_planes(w, d, mn, xdtype: tl.constexpr, dtype: tl.constexpr, INTERPRET: tl.constexpr):
+    # The 8 planes (columns 8 word + i) of words w [BLOCK_N, GT, WPG] as q d + m computed in x's
+    # 16-bit dtype, two columns a 32-bit register: per word one shift, and per pair of columns a
+    # prmt, a lop3 and two fma.x2 (q exact, then q d + m rounded once), against ~4.4 instructions
+    # a column through float32 (_plane). d and m [BLOCK_N, GT, 1] are rounded to x's dtype first:
+    # from float16 to bfloat16 that moves a weight by up to ~2^-9 (15 |d| + |m|). The interpreter,
+    # which runs no PTX, computes the same in float32 (q d + m is exact there), rounded once.
+    d16 = d.to(xdtype)
+    m16 = mn.to(xdtype)
+    if INTERPRET:
+        p0 = (_nibble(w, w, 0) * d16.to(tl.float32) + m16.to(tl.float32)).to(xdtype).to(dtype)
+        p1 = (_nibble(w >> 4, w, 0) * d16.to(tl.float32) + m16.to(tl.float32)).to(xdtype).to(dtype)
+        p2 = (_nibble(w >> 8, w, 0) * d16.to(tl.float32) + m16.to(tl.float32)).to(xdtype).to(dtype)
+        p3 = (_nibble(w >> 12, w, 0) * d16.to(tl.float32) + m16.to(tl.float32)).to(xdtype).to(dtype)
+        p4 = (_nibble(w >> 16, w, 0) * d16.to(tl.float32) + m16.to(tl.float32)).to(xdtype).to(dtype)
+        p5 = (_nibble(w >> 20, w, 0) * d16.to(tl.float32) + m16.to(tl.float32)).to(xdtype).to(dtype)
+        p6 = (_nibble(w >> 24, w, 0) * d16.to(tl.float32) + m16.to(tl.float32)).to(xdtype).to(dtype)
+        p7 = (_nibble(w >> 28, w, 0) * d16.to(tl.float32) + m16.to(tl.float32)).to(xdtype).to(dtype)
+    else:
+        d16b = tl.broadcast_to(d16, w.shape)
+        m16b = tl.broadcast_to(m16, w.shape)
+        if xdtype == tl.bfloat16:
+            p0, p1, p2, p3, p4, p5, p6, p7 = tl.inline_asm_elementwise(
+                PAIR_ASM_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w, d16b, m16b], dtype=(tl.bfloat16,) * 8,
+                is_pure=True, pack=1)
+        else:
+            p0, p1, p2, p3, p4, p5, p6, p7 = tl.inline_asm_elementwise(
+                PAIR_ASM_F16, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w, d16b, m16b], dtype=(tl.float16,) * 8,
+                is_pure=True, pack=1)
+    return p0, p1, p2, p3, p4, p5, p6, p7
+
+
 @triton.jit
 def _in_split(i, lo, hi, INTERPRET: tl.constexpr):
     # whether word (or column) i is in the program's split [lo, hi); on the GPU the loop starts
@@ -69,7 +121,7 @@ def _w4a16_dot_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                       IEEE: tl.constexpr, INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr,
                       LN: tl.constexpr, LW: tl.constexpr, JOIN: tl.constexpr = 0,
-                      SPLIT: tl.constexpr = 1):
+                      SPLIT: tl.constexpr = 1, PAIRS: tl.constexpr = 0):
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),), as the dp4a kernel's (w4a16.py): a
     # program takes BLOCK_M rows of x, BLOCK_N rows of W and a SPLIT-th of K. x [M, 8 * KW]
     # unit-stride rows; words [N, KW]; d, m [N, G]; y [M, N]; part, count: split_k.py's. A tile:
@@ -108,12 +160,22 @@ def _w4a16_dot_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_
         mn = tl.load(m_ptr + n3 * G + grp, mask=g_mask, other=0.0).to(tl.float32)
         dtype = tl.float32 if IEEE else x_ptr.dtype.element_ty
         if JOIN:
+            if PAIRS:
+                p0, p1, p2, p3, p4, p5, p6, p7 = _paired_planes(w, d, mn, x_ptr.dtype.element_ty,
+                                                                dtype, INTERPRET)
+            else:
+                p0 = _plane(w, hi, d, mn, 0, dtype)
+                p1 = _plane(w, hi, d, mn, 1, dtype)
+                p2 = _plane(w, hi, d, mn, 2, dtype)
+                p3 = _plane(w, hi, d, mn, 3, dtype)
+                p4 = _plane(w, hi, d, mn, 4, dtype)
+                p5 = _plane(w, hi, d, mn, 5, dtype)
+                p6 = _plane(w, hi, d, mn, 6, dtype)
+                p7 = _plane(w, hi, d, mn, 7, dtype)
             # planes i joined so that the reshape's last index 4 e1 + 2 e2 + e3 is i: the
             # innermost pairs differ by 4 in i, the outermost by 1
-            ev = tl.join(tl.join(_plane(w, hi, d, mn, 0, dtype), _plane(w, hi, d, mn, 4, dtype)),
-                         tl.join(_plane(w, hi, d, mn, 2, dtype), _plane(w, hi, d, mn, 6, dtype)))
-            od = tl.join(tl.join(_plane(w, hi, d, mn, 1, dtype), _plane(w, hi, d, mn, 5, dtype)),
-                         tl.join(_plane(w, hi, d, mn, 3, dtype), _plane(w, hi, d, mn, 7, dtype)))
+            ev = tl.join(tl.join(p0, p4), tl.join(p2, p6))
+            od = tl.join(tl.join(p1, p5), tl.join(p3, p7))
             w2 = tl.reshape(tl.join(ev, od), [BLOCK_N, TW * 8])
             col = kw0 * 8 + c  # [TW * 8]
             a = tl.load(x_ptr + rows[:, None] * s_xm + col[None, :],
