@@ -67,7 +67,7 @@ def main() -> int:
                  "bf16_cublas_us": graph_us(lambda i: F.linear(x, bfs[i]), copies),
                  "dequant_cublas_us": graph_us(lambda i: F.linear(x, words4.dequantize(
                      *packed[i], torch.bfloat16, layout=layout)), copies)}
-            # (a BLOCK_M over the rows runs as the rows' block)
+            # (rows fewer than a tile's BLOCK_M are padded to it)
             sweep = [t for t in (time_tile(cfg, x, packed, ref, copies, layout) for cfg in DOT) if t]
             if not sweep:
                 continue

@@ -414,7 +414,7 @@ def test_int4_linear_runs_the_kernel_or_the_torch_path_alike():
 @pytest.mark.parametrize("rows", [12, 40])
 def test_w4a16_dot_tile_options_give_the_same_products(monkeypatch, rows):
     """The tl.dot kernel's options give dequantize-then-matmul's products as its default does,
-    on tiled words: row blocks of 16 and of 64; JOIN=1 (one dot a tile, the nibble planes joined
+    on tiled words: row blocks of 16 and of 64 (12 rows padded to 64); JOIN=1 (one dot a tile, the nibble planes joined
     back into column order); SPLIT (K over 2-3 programs a tile, 3 not dividing the
     interpreter's K in whole tiles); PAIRS=1 (W dequantized two columns a register in x's
     dtype: on CUDA PTX for bfloat16 and float16 each, in the interpreter float32, with d and m
@@ -431,8 +431,10 @@ def test_w4a16_dot_tile_options_give_the_same_products(monkeypatch, rows):
                                            dict(JOIN=1, PAIRS=1), dict(JOIN=1, PAIRS=1, SPLIT=3, BLOCK_M=64))),
                          (torch.float16, (dict(JOIN=1, PAIRS=1),))):
         xd, bd = x.to(dtype), b.to(dtype)
-        want = torch.nn.functional.linear(xd, dequantize_groups(q, d, m).to(DEVICE, dtype)) + bd
         for tile in tiles:
+            # PAIRS's weights: q d + m with d and m in x's dtype, rounded once (exact in float32)
+            dm = (d.to(dtype), m.to(dtype)) if tile.get("PAIRS") else (d, m)
+            want = torch.nn.functional.linear(xd, dequantize_groups(q, *dm).to(DEVICE, dtype)) + bd
             monkeypatch.setattr(w4a16_tiles, "config",
                                 lambda *a, t=tile: (lambda dot, cfg: (dot, dict(cfg, **t)))(*config(*a)))
             _close(w4a16(xd, tiled, d.to(DEVICE), m.to(DEVICE), bd, layout=TILES), want)
@@ -440,8 +442,8 @@ def test_w4a16_dot_tile_options_give_the_same_products(monkeypatch, rows):
 
 def test_dot_row_classes_take_their_own_tiles(monkeypatch):
     """Past DP4A_ROWS a GPU's table gives tl.dot the tile of its row class ("16": 9-16 rows,
-    "32", "64"), else the "16" one, else the default; the rows a program are the rows rounded
-    up to 16, 32 or 64 and at most the tile's BLOCK_M. PAIRS is kept only with JOIN."""
+    "32", "64"), else the default of that class; a program takes the tile's BLOCK_M rows (16 if
+    absent), padded. PAIRS is kept only with JOIN."""
     from nextok.kernels.triton import w4a16_tiles as t
 
     table = {"64x256": {"16": dict(BLOCK_N=32, TW=16, num_warps=4, num_stages=3, PAIRS=1),  # no JOIN: no PAIRS
@@ -453,10 +455,13 @@ def test_dot_row_classes_take_their_own_tiles(monkeypatch):
     pick = lambda m, n=64: t.config(m, n, 256, 128, gpu)  # noqa: E731
     assert pick(12) == (True, dict(BLOCK_N=32, GT=1, num_warps=4, num_stages=3, BLOCK_M=16, JOIN=0, SPLIT=1,
                                  PAIRS=0))
-    assert pick(24)[1]["BLOCK_N"] == 32 and pick(24)[1]["BLOCK_M"] == 32  # no "32": the "16" tile
+    default32 = t.DEFAULT_TILES["32"]  # no "32" in the table
+    assert pick(24) == (True, dict(BLOCK_N=default32["BLOCK_N"], GT=1, num_warps=default32["num_warps"],
+                                   num_stages=3, BLOCK_M=default32["BLOCK_M"], JOIN=1,
+                                   SPLIT=default32["SPLIT"], PAIRS=1))
     assert pick(40) == (True, dict(BLOCK_N=128, GT=1, num_warps=8, num_stages=3, BLOCK_M=32, JOIN=1, SPLIT=4,
                                    PAIRS=1))
-    assert pick(40, n=128)[1]["BLOCK_N"] == t.DEFAULT_TILES["16"]["BLOCK_N"]  # a shape not in the table
+    assert pick(40, n=128)[1]["BLOCK_M"] == t.DEFAULT_TILES["64"]["BLOCK_M"]  # a shape not in the table
     assert not pick(8)[0]
 
 

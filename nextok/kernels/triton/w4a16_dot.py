@@ -25,6 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from nextok.kernels.triton.fused import _round
 from nextok.kernels.triton.int4_words import _tile_ptrs, _tile_step
 from nextok.kernels.triton.pdl import pdl_wait
 from nextok.kernels.triton.split_k import store_split_k
@@ -72,20 +73,20 @@ def _paired_planes(w, d, mn, xdtype: tl.constexpr, dtype: tl.constexpr, INTERPRE
     # a column through float32 (_plane). d and m [BLOCK_N, GT, 1] are rounded to x's dtype first:
     # from float16 to bfloat16 that moves a weight by up to ~2^-9 (15 |d| + |m|). The interpreter,
     # which runs no PTX, computes the same in float32 (q d + m is exact there), rounded once.
-    d16 = d.to(xdtype)
-    m16 = mn.to(xdtype)
-    if INTERPRET:
-        p0 = (_nibble(w, w, 0) * d16.to(tl.float32) + m16.to(tl.float32)).to(xdtype).to(dtype)
-        p1 = (_nibble(w >> 4, w, 0) * d16.to(tl.float32) + m16.to(tl.float32)).to(xdtype).to(dtype)
-        p2 = (_nibble(w >> 8, w, 0) * d16.to(tl.float32) + m16.to(tl.float32)).to(xdtype).to(dtype)
-        p3 = (_nibble(w >> 12, w, 0) * d16.to(tl.float32) + m16.to(tl.float32)).to(xdtype).to(dtype)
-        p4 = (_nibble(w >> 16, w, 0) * d16.to(tl.float32) + m16.to(tl.float32)).to(xdtype).to(dtype)
-        p5 = (_nibble(w >> 20, w, 0) * d16.to(tl.float32) + m16.to(tl.float32)).to(xdtype).to(dtype)
-        p6 = (_nibble(w >> 24, w, 0) * d16.to(tl.float32) + m16.to(tl.float32)).to(xdtype).to(dtype)
-        p7 = (_nibble(w >> 28, w, 0) * d16.to(tl.float32) + m16.to(tl.float32)).to(xdtype).to(dtype)
+    if INTERPRET:  # _round: the interpreter's own cast to bfloat16 truncates
+        d16 = _round(d, xdtype)
+        m16 = _round(mn, xdtype)
+        p0 = _round(_nibble(w, w, 0) * d16 + m16, xdtype).to(dtype)
+        p1 = _round(_nibble(w >> 4, w, 0) * d16 + m16, xdtype).to(dtype)
+        p2 = _round(_nibble(w >> 8, w, 0) * d16 + m16, xdtype).to(dtype)
+        p3 = _round(_nibble(w >> 12, w, 0) * d16 + m16, xdtype).to(dtype)
+        p4 = _round(_nibble(w >> 16, w, 0) * d16 + m16, xdtype).to(dtype)
+        p5 = _round(_nibble(w >> 20, w, 0) * d16 + m16, xdtype).to(dtype)
+        p6 = _round(_nibble(w >> 24, w, 0) * d16 + m16, xdtype).to(dtype)
+        p7 = _round(_nibble(w >> 28, w, 0) * d16 + m16, xdtype).to(dtype)
     else:
-        d16b = tl.broadcast_to(d16, w.shape)
-        m16b = tl.broadcast_to(m16, w.shape)
+        d16b = tl.broadcast_to(d.to(xdtype), w.shape)
+        m16b = tl.broadcast_to(mn.to(xdtype), w.shape)
         if xdtype == tl.bfloat16:
             p0, p1, p2, p3, p4, p5, p6, p7 = tl.inline_asm_elementwise(
                 PAIR_ASM_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w, d16b, m16b], dtype=(tl.bfloat16,) * 8,

@@ -5,8 +5,8 @@ num_warps, num_stages, and for dp4a SPLIT, BLOCK_M, DEPTH, how many tiles of W a
 (1 if absent), XAHEAD, whether x's tiles are loaded one ahead too (0 if absent), and UNROLL,
 whether the loop takes DEPTH + 1 tiles a turn in buffers of their own (with XAHEAD; 0 if absent),
 XRUN, whether x's fixed point is per run of 4 words instead of per word (0 if absent; w4a16.py),
-for tl.dot (row classes "16", "32", "64"; one missing takes "16"'s) BLOCK_M, rows a program
-(16-64; 64 if absent), JOIN, one dot a tile (0 if absent; w4a16_dot.py), PAIRS, with JOIN
+for tl.dot (row classes "16", "32", "64"; one missing takes DEFAULT_TILES') BLOCK_M, rows a
+program (16, 32 or 64; 16 if absent; fewer rows are padded to it: sm_90's wgmma takes 64), JOIN, one dot a tile (0 if absent; w4a16_dot.py), PAIRS, with JOIN
 W dequantized two columns a register in x's dtype (0 if absent; w4a16_dot.py), and SPLIT (1 if
 absent),
 and maxnreg, a cap on the registers a thread (ptxas: the programs an SM holds); one row
@@ -26,8 +26,11 @@ import triton
 
 DP4A_ROWS = 8  # up to this many rows the dp4a kernel, above it the tl.dot one
 # Steps of up to KERNEL_ROWS rows run these kernels (Int4Linear); bigger ones dequantize the
-# whole weight (int4_words.dequantize) and run cuBLAS. NEXTOK_W4A16_ROWS (8-64) moves it.
-KERNEL_ROWS = 16
+# whole weight (int4_words.dequantize) and run cuBLAS. NEXTOK_W4A16_ROWS (8-64) moves it. At 16,
+# 32 and 64 rows the tl.dot kernel with PAIRS took 0.27-0.51x the time of dequantize + cuBLAS at
+# every 8B shape on an H100 (2026-12-06-rows-pairs-h100.md); without PAIRS and JOIN it was
+# slower than that past 32 rows, and this was 16.
+KERNEL_ROWS = 64
 _OVERRIDE: dict | None = None  # benchmarks/gpu/w4a16_probe.py sets tiles to sweep them
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 
@@ -77,10 +80,13 @@ def _row_class(m: int) -> str:
 DEFAULT_TILES = {"1": dict(BLOCK_N=128, TW=32, num_warps=4, num_stages=3, SPLIT=8),
                  "4": dict(BLOCK_N=64, TW=32, num_warps=4, num_stages=3, SPLIT=4, BLOCK_M=4),
                  "8": dict(BLOCK_N=64, TW=32, num_warps=4, num_stages=3, SPLIT=4, BLOCK_M=8),
-                 # 9-64 rows (tl.dot): within 1.44x of the best tile at 16 rows at each 8B shape on
-                 # an H100 (2026-12-06-w4a16-dot-probe-h100-7ef0119.json); BLOCK_N 32 with TW 32,
-                 # the default before, took 2.87x the best at gate_up
-                 "16": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3)}
+                 # tl.dot, 9-16, 17-32 and 33-64 rows: within 1.09x, 1.17x and 1.21x of the best
+                 # tile at 16, 32 and 64 rows at each 8B shape on an H100
+                 # (2026-12-06-w4a16-dot-probe-h100-pairs-e38f004.json; 32 rows ran in blocks
+                 # of 32)
+                 "16": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=16, JOIN=1, PAIRS=1, SPLIT=4),
+                 "32": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=32, JOIN=1, PAIRS=1, SPLIT=8),
+                 "64": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=64, JOIN=1, PAIRS=1, SPLIT=2)}
 
 
 def _default_tile(cls: str, n: int, k: int) -> dict:
@@ -98,9 +104,8 @@ def _default_tile(cls: str, n: int, k: int) -> dict:
 
 
 def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
-    if dot:  # rows in blocks of 16-64 a program, at most the tile's BLOCK_M
-        block_m = min(max(16, tile.get("BLOCK_M", 64)), max(16, triton.next_power_of_2(m)))
-        extra = dict(BLOCK_M=block_m, JOIN=tile.get("JOIN", 0), SPLIT=tile.get("SPLIT", 1),
+    if dot:  # rows in blocks of the tile's BLOCK_M, the last one padded
+        extra = dict(BLOCK_M=max(16, tile.get("BLOCK_M", 16)), JOIN=tile.get("JOIN", 0), SPLIT=tile.get("SPLIT", 1),
                      PAIRS=tile.get("PAIRS", 0) if tile.get("JOIN", 0) else 0)  # PAIRS needs JOIN
     else:
         extra = dict(SPLIT=tile.get("SPLIT", 1), BLOCK_M=min(tile.get("BLOCK_M", 1), triton.next_power_of_2(m)),
@@ -128,9 +133,9 @@ def config(m: int, n: int, k: int, group: int, device: torch.device) -> tuple[bo
         dot = m > DP4A_ROWS
         return dot, _tile(_OVERRIDE, m, dot, wpg)
     table = _tuned(torch.cuda.get_device_name(device)).get(f"{n}x{k}", {})
-    if m > DP4A_ROWS:  # tl.dot: the tile for up to 16, 32 or 64 rows, else the "16" one
-        tile = table.get(next(c for c in DOT_CLASSES if m <= int(c)), table.get("16"))
-        return True, _tile(tile or DEFAULT_TILES["16"], m, True, wpg)
+    if m > DP4A_ROWS:  # tl.dot: the tile for up to 16, 32 or 64 rows
+        cls = next(c for c in DOT_CLASSES if m <= int(c))
+        return True, _tile(table.get(cls) or DEFAULT_TILES[cls], m, True, wpg)
     cls = _row_class(m)
     tile = table.get(cls) or _default_tile(cls, n, k)
     if tile.get("dot"):
