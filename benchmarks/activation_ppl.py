@@ -10,7 +10,9 @@ the first row, scored as `nextok eval ppl --dataset code` scores (the eval split
 library, the same windows: context 512, stride 256, the first max_tokens tokens). x per variant:
 float32; bfloat16 (what the GPU kernels are given); 16-bit fixed point per 32 columns (XRUN,
 kernels/triton/w4a16.py); int8 per 32 columns (scale max|x| / 127); int8 per token (one scale a
-row of x, the W4A8 of QQQ and QServe).
+row of x, the W4A8 of QQQ and QServe). And the int4 weights as the GPU's tl.dot kernels hold them,
+with x in bfloat16: each weight rounded to bfloat16, and (PAIRS, kernels/triton/w4a16_dot.py)
+d and m rounded to bfloat16 first. --only SUBSTRING runs the variants whose label has it.
 """
 from __future__ import annotations
 
@@ -41,13 +43,21 @@ def int8_runs(x: torch.Tensor, cols: int) -> torch.Tensor:
     return (torch.round(w / s).clamp(-127, 127) * s).reshape(x.shape)
 
 
+def bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.bfloat16().float()
+
+
+# label: (weights: "float32", "int4" (float32 q d + m), "int4 bf16" (q d + m rounded to bfloat16),
+# "int4 pairs" (d and m rounded to bfloat16, then q d + m), x rounded)
 VARIANTS = {
-    "float32 weights, float32 x": (False, lambda x: x),
-    "int4 weights, float32 x": (True, lambda x: x),
-    "int4, x bfloat16": (True, lambda x: x.bfloat16().float()),
-    "int4, x fixed point per 32 columns (XRUN)": (True, lambda x: fixed_point(x.bfloat16().float(), 32)),
-    "int4, x int8 per 32 columns (W4A8)": (True, lambda x: int8_runs(x.bfloat16().float(), 32)),
-    "int4, x int8 per token (W4A8)": (True, lambda x: int8_runs(x.bfloat16().float(), x.shape[-1])),
+    "float32 weights, float32 x": ("float32", lambda x: x),
+    "int4 weights, float32 x": ("int4", lambda x: x),
+    "int4, x bfloat16": ("int4", bf16),
+    "int4, x fixed point per 32 columns (XRUN)": ("int4", lambda x: fixed_point(bf16(x), 32)),
+    "int4, x int8 per 32 columns (W4A8)": ("int4", lambda x: int8_runs(bf16(x), 32)),
+    "int4, x int8 per token (W4A8)": ("int4", lambda x: int8_runs(bf16(x), x.shape[-1])),
+    "int4 weights in bfloat16, x bfloat16": ("int4 bf16", bf16),
+    "int4 weights in bfloat16 from d, m in bfloat16 (PAIRS), x bfloat16": ("int4 pairs", bf16),
 }
 
 
@@ -55,22 +65,30 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("max_tokens", nargs="?", type=int, default=20000)
+    ap.add_argument("--only", default="", help="run the variants whose label contains this")
     args = ap.parse_args()
     model, tok = reference_model()
     docs = load_documents("code", tok, args.max_tokens)
     linears = {name: mod for name, mod in model.named_modules()
                if isinstance(mod, torch.nn.Linear) and "lm_head" not in name}
     full = {name: mod.weight.detach().clone() for name, mod in linears.items()}
-    int4 = {name: dequantize_groups(*quantize_groups(w, GROUP)).float() for name, w in full.items()}
+    groups = {name: quantize_groups(w, GROUP) for name, w in full.items()}
+    weights = {"float32": full,
+               "int4": {name: dequantize_groups(*g).float() for name, g in groups.items()},
+               "int4 bf16": {name: bf16(dequantize_groups(*g)) for name, g in groups.items()},
+               "int4 pairs": {name: bf16(dequantize_groups(q, d.bfloat16(), m.bfloat16()))
+                              for name, (q, d, m) in groups.items()}}
     current = {"x": None}
     for mod in linears.values():  # x as the variant rounds it, before every decoder linear
         mod.register_forward_pre_hook(lambda m, inp: (current["x"](inp[0].reshape(-1, inp[0].shape[-1]))
                                                       .reshape(inp[0].shape),))
     results = {}
-    for label, (quantized, round_x) in VARIANTS.items():
+    for label, (kind, round_x) in VARIANTS.items():
+        if args.only not in label:
+            continue
         with torch.no_grad():
             for name, mod in linears.items():
-                mod.weight.copy_(int4[name] if quantized else full[name])
+                mod.weight.copy_(weights[kind][name])
         current["x"] = round_x
         nll, tokens = 0.0, 0
         with torch.inference_mode():
@@ -83,9 +101,10 @@ def main() -> int:
                     tokens += w.end - w.first_scored
         results[label] = {"ppl": math.exp(nll / tokens), "nll_mean": nll / tokens, "tokens": tokens}
         print(f"{label:>45}: ppl {results[label]['ppl']:.4f}", flush=True)
-    base = results["int4, x bfloat16"]["ppl"]
+    base = results.get("int4, x bfloat16", {}).get("ppl")
     for r in results.values():
-        r["vs_int4_bf16_x"] = r["ppl"] / base - 1
+        if base:
+            r["vs_int4_bf16_x"] = r["ppl"] / base - 1
     result = header({"benchmark": "perplexity with each linear's x rounded per variant (default model)",
                      "dataset": "code (eval split)", "context": CONTEXT, "stride": STRIDE,
                      "int4_group": GROUP, "files": len(docs), "results": results})

@@ -432,9 +432,11 @@ def test_w4a16_dot_tile_options_give_the_same_products(monkeypatch, rows):
                          (torch.float16, (dict(JOIN=1, PAIRS=1),))):
         xd, bd = x.to(dtype), b.to(dtype)
         for tile in tiles:
-            # PAIRS's weights: q d + m with d and m in x's dtype, rounded once (exact in float32)
+            # PAIRS's weights: q d + m with d and m in x's dtype, rounded once (exact in float32);
+            # the product in float32, rounded once (cuBLAS's float16 may sum in float16)
             dm = (d.to(dtype), m.to(dtype)) if tile.get("PAIRS") else (d, m)
-            want = torch.nn.functional.linear(xd, dequantize_groups(q, *dm).to(DEVICE, dtype)) + bd
+            wd = dequantize_groups(q, *dm).to(DEVICE, dtype).float()
+            want = (torch.nn.functional.linear(xd.float(), wd) + bd.float()).to(dtype)
             monkeypatch.setattr(w4a16_tiles, "config",
                                 lambda *a, t=tile: (lambda dot, cfg: (dot, dict(cfg, **t)))(*config(*a)))
             _close(w4a16(xd, tiled, d.to(DEVICE), m.to(DEVICE), bd, layout=TILES), want)

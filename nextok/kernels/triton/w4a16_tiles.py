@@ -27,9 +27,9 @@ import triton
 DP4A_ROWS = 8  # up to this many rows the dp4a kernel, above it the tl.dot one
 # Steps of up to KERNEL_ROWS rows run these kernels (Int4Linear); bigger ones dequantize the
 # whole weight (int4_words.dequantize) and run cuBLAS. NEXTOK_W4A16_ROWS (8-64) moves it. At 16,
-# 32 and 64 rows the tl.dot kernel with PAIRS took 0.27-0.51x the time of dequantize + cuBLAS at
-# every 8B shape on an H100 (2026-12-06-rows-pairs-h100.md); without PAIRS and JOIN it was
-# slower than that past 32 rows, and this was 16.
+# 32 and 64 rows the tl.dot kernel with PAIRS took 0.28-0.51x the time of dequantize + cuBLAS,
+# and 0.70-1.02x bf16's, at every 8B shape on an H100 (2026-12-06-rows-pairs-h100.md); without
+# PAIRS and JOIN it was slower than dequantize + cuBLAS past 32 rows, and this was 16.
 KERNEL_ROWS = 64
 _OVERRIDE: dict | None = None  # benchmarks/gpu/w4a16_probe.py sets tiles to sweep them
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
@@ -80,12 +80,11 @@ def _row_class(m: int) -> str:
 DEFAULT_TILES = {"1": dict(BLOCK_N=128, TW=32, num_warps=4, num_stages=3, SPLIT=8),
                  "4": dict(BLOCK_N=64, TW=32, num_warps=4, num_stages=3, SPLIT=4, BLOCK_M=4),
                  "8": dict(BLOCK_N=64, TW=32, num_warps=4, num_stages=3, SPLIT=4, BLOCK_M=8),
-                 # tl.dot, 9-16, 17-32 and 33-64 rows: within 1.09x, 1.17x and 1.21x of the best
-                 # tile at 16, 32 and 64 rows at each 8B shape on an H100
-                 # (2026-12-06-w4a16-dot-probe-h100-pairs-e38f004.json; 32 rows ran in blocks
-                 # of 32)
+                 # tl.dot, 9-16 and 17-64 rows (17-32 padded to 64: sm_90's wgmma takes 64 rows):
+                 # within 1.12x, 1.26x and 1.23x of the best tile at 16, 32 and 64 rows at each 8B
+                 # shape on an H100 (2026-12-06-w4a16-dot-probe-h100-pairs-b5b3e4b.json)
                  "16": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=16, JOIN=1, PAIRS=1, SPLIT=4),
-                 "32": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=32, JOIN=1, PAIRS=1, SPLIT=8),
+                 "32": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=64, JOIN=1, PAIRS=1, SPLIT=2),
                  "64": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=64, JOIN=1, PAIRS=1, SPLIT=2)}
 
 
