@@ -1,24 +1,25 @@
 """W4A16 for 9-64 rows (w4a16.py's w4a16 launches it): each tile of W dequantized to x's dtype in
-registers and multiplied with tl.dot, the rows in blocks of BLOCK_M (16-64, padded). The weight
-layout is w4a16.py's. At more rows than the dp4a kernel's eight, the tensor cores' throughput
-pays for the dequantization (tiles: w4a16_tiles.py, row classes "16", "32", "64"). Past 16
-rows it could stand in for dequantizing the whole weight each call (2 bytes a weight written
-and read back) where w4a16_tiles.KERNEL_ROWS lets it.
+registers and multiplied with tl.dot, the rows in blocks of BLOCK_M (16, 32 or 64; fewer rows
+padded). The weight layout is w4a16.py's. At more rows than the dp4a kernel's eight, the tensor
+cores' throughput pays for the dequantization (tiles: w4a16_tiles.py, row classes "16", "32",
+"64"); up to w4a16_tiles.KERNEL_ROWS rows it stands in for dequantizing the whole weight each
+call (2 bytes a weight written and read back, then cuBLAS).
 
-Timed on an H100 (2026-12-06-late-h100.md, one dot per nibble position, no split of K): at 16
-rows gate_up 75.9 us against bf16's 80.0, but the other 8B shapes 2-3x bf16's time, with 32-96
-programs for 132 SMs; each 16-row block dequantizes W again. Two tile options, not timed yet:
+Tile options (the H100's sweep, 2026-12-06-rows-pairs-h100.md; every best tile has JOIN and
+PAIRS, and takes 0.28-0.51x the time of dequantize + cuBLAS, 0.70-1.02x bf16's):
 - JOIN: one dot per tile. The 8 nibble planes are joined back into column order ([BLOCK_N,
-  TW * 8], columns 8 word + i) and x's tile is one contiguous load. On sm_90 (SASS counted on
-  the CPU) the loop has 2-3 barriers instead of 16, and x is not gathered at a stride of 8.
+  TW * 8], columns 8 word + i) and x's tile is one contiguous load. On sm_90 the loop has 2-3
+  barriers instead of 16 (one wgmma at 64 rows). gate_up at 64 rows: 70.2 us, 220.4 with a dot
+  per nibble position.
+- PAIRS (with JOIN): W dequantized in x's 16-bit dtype two columns a 32-bit register
+  (_paired_planes): the loop of a 64-row tile went from 454 to 284 sm_90 instructions, 1.02-1.24x
+  faster than JOIN alone at the same tile. d and m are rounded to x's dtype first (float16 ->
+  bfloat16 moves a weight by up to ~2^-9 (15 |d| + |m|); +0.04 % perplexity on the default
+  model, less than rounding the weights to bfloat16 costs).
 - SPLIT: K split over SPLIT programs a tile of W, summed by the last of them (split_k.py), so
   shapes with few tiles of N fill the SMs.
-- PAIRS (with JOIN): W dequantized in x's 16-bit dtype two columns a 32-bit register
-  (_paired_planes): the loop of a 64-row tile goes from 454 to 284 instructions on sm_90, so
-  that the dequantization, not the weight's bytes, no longer bounds it. d and m are rounded to
-  x's dtype first (float16 -> bfloat16 moves a weight by up to ~2^-9 (15 |d| + |m|)).
-W's tile as the dot's left operand (sm_90's wgmma reading it from registers) was timed in the
-same call and dropped: within 3 % of this orientation, ahead at 3 of 12 points.
+W's tile as the dot's left operand (sm_90's wgmma reading it from registers) was timed and
+dropped: within 3 % of this orientation, ahead at 3 of 12 points (2026-12-06-late-h100.md).
 """
 from __future__ import annotations
 
@@ -76,14 +77,14 @@ def _paired_planes(w, d, mn, xdtype: tl.constexpr, dtype: tl.constexpr, INTERPRE
     if INTERPRET:  # _round: the interpreter's own cast to bfloat16 truncates
         d16 = _round(d, xdtype)
         m16 = _round(mn, xdtype)
-        p0 = _round(_nibble(w, w, 0) * d16 + m16, xdtype).to(dtype)
-        p1 = _round(_nibble(w >> 4, w, 0) * d16 + m16, xdtype).to(dtype)
-        p2 = _round(_nibble(w >> 8, w, 0) * d16 + m16, xdtype).to(dtype)
-        p3 = _round(_nibble(w >> 12, w, 0) * d16 + m16, xdtype).to(dtype)
-        p4 = _round(_nibble(w >> 16, w, 0) * d16 + m16, xdtype).to(dtype)
-        p5 = _round(_nibble(w >> 20, w, 0) * d16 + m16, xdtype).to(dtype)
-        p6 = _round(_nibble(w >> 24, w, 0) * d16 + m16, xdtype).to(dtype)
-        p7 = _round(_nibble(w >> 28, w, 0) * d16 + m16, xdtype).to(dtype)
+        p0 = _round(((w >> 0) & 0xF).to(tl.float32) * d16 + m16, xdtype).to(dtype)
+        p1 = _round(((w >> 4) & 0xF).to(tl.float32) * d16 + m16, xdtype).to(dtype)
+        p2 = _round(((w >> 8) & 0xF).to(tl.float32) * d16 + m16, xdtype).to(dtype)
+        p3 = _round(((w >> 12) & 0xF).to(tl.float32) * d16 + m16, xdtype).to(dtype)
+        p4 = _round(((w >> 16) & 0xF).to(tl.float32) * d16 + m16, xdtype).to(dtype)
+        p5 = _round(((w >> 20) & 0xF).to(tl.float32) * d16 + m16, xdtype).to(dtype)
+        p6 = _round(((w >> 24) & 0xF).to(tl.float32) * d16 + m16, xdtype).to(dtype)
+        p7 = _round(((w >> 28) & 0xF).to(tl.float32) * d16 + m16, xdtype).to(dtype)
     else:
         d16b = tl.broadcast_to(d.to(xdtype), w.shape)
         m16b = tl.broadcast_to(mn.to(xdtype), w.shape)
