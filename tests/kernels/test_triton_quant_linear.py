@@ -92,11 +92,16 @@ def test_words_round_trip_in_column_order():
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("rows", W4_ROWS)
 def test_w4a16(dtype, shape, rows):
+    from nextok.kernels.triton import w4a16_tiles
+
     n, k, group = shape
     w, x, b = _data(dtype, n, k, rows)
     x[:, 8:16] = 0  # a word of zeros: its fixed-point scale is of 1e-30
     q, d, m = quantize_groups(w, group)
-    deq = dequantize_groups(q, d, m).to(DEVICE, dtype)  # Int4Linear's torch path
+    dot, cfg = w4a16_tiles.config(rows, n, k, group, torch.device(DEVICE))
+    # Int4Linear's torch path; under PAIRS (a GPU's tiles) d and m rounded to x's dtype first
+    dm = (d.to(dtype), m.to(dtype)) if dot and cfg["PAIRS"] else (d, m)
+    deq = dequantize_groups(q, *dm).to(DEVICE, dtype)
     args = (pack_words(q).to(DEVICE), d.to(DEVICE), m.to(DEVICE))
     want = torch.nn.functional.linear(x, deq)
     if rows <= DP4A_ROWS and dtype == torch.float32:
@@ -432,9 +437,11 @@ def test_w4a16_dot_tile_options_give_the_same_products(monkeypatch, rows):
                          (torch.float16, (dict(JOIN=1, PAIRS=1),))):
         xd, bd = x.to(dtype), b.to(dtype)
         for tile in tiles:
+            # every option set: on CUDA the GPU's table gives the rest (an H100's has PAIRS)
+            tile = dict(dict(JOIN=0, PAIRS=0, SPLIT=1), **tile)
             # PAIRS's weights: q d + m with d and m in x's dtype, rounded once (exact in float32);
             # the product in float32, rounded once (cuBLAS's float16 may sum in float16)
-            dm = (d.to(dtype), m.to(dtype)) if tile.get("PAIRS") else (d, m)
+            dm = (d.to(dtype), m.to(dtype)) if tile["PAIRS"] else (d, m)
             wd = dequantize_groups(q, *dm).to(DEVICE, dtype).float()
             want = (torch.nn.functional.linear(xd.float(), wd) + bd.float()).to(dtype)
             monkeypatch.setattr(w4a16_tiles, "config",
