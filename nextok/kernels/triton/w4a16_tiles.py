@@ -6,12 +6,12 @@ num_warps, num_stages, and for dp4a SPLIT, BLOCK_M, DEPTH, how many tiles of W a
 whether the loop takes DEPTH + 1 tiles a turn in buffers of their own (with XAHEAD; 0 if absent),
 XRUN, whether x's fixed point is per run of 4 words instead of per word (0 if absent; w4a16.py),
 for tl.dot (row classes "16", "32", "64"; one missing takes DEFAULT_TILES') BLOCK_M, rows a
-program (16, 32 or 64; 16 if absent; fewer rows are padded to it: sm_90's wgmma takes 64), JOIN, one dot a tile (0 if absent; w4a16_dot.py), PAIRS, with JOIN
-W dequantized two columns a register in x's dtype (0 if absent; w4a16_dot.py), and SPLIT (1 if
-absent),
-and maxnreg, a cap on the registers a thread (ptxas: the programs an SM holds); one row
-may instead take STREAM programs of w4a16_stream.py's kernel, each a run of the (row tile,
-K tile) steps (0 or absent: the split-K grid); row classes: _row_class), written by
+program (16, 32 or 64; 16 if absent; fewer rows are padded to it: sm_90's wgmma takes 64),
+JOIN, one dot a tile (0 if absent; w4a16_dot.py), PAIRS, with JOIN W dequantized two columns a
+register in x's dtype (0 if absent; w4a16_dot.py), and SPLIT (1 if absent), and maxnreg, a
+cap on the registers a thread (ptxas: the programs an SM holds); one row may instead take
+STREAM programs of w4a16_stream.py's kernel, each a run of the (row tile, K tile) steps (0 or
+absent: the split-K grid); row classes: _row_class), written by
 benchmarks/gpu/w4a16_probe.py to configs/w4a16_<gpu>.json. NEXTOK_W4A16_CONFIGS names another
 table; a GPU without one takes DEFAULT_TILES.
 """
@@ -104,8 +104,9 @@ def _default_tile(cls: str, n: int, k: int) -> dict:
 
 def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
     if dot:  # rows in blocks of the tile's BLOCK_M, the last one padded
-        extra = dict(BLOCK_M=max(16, tile.get("BLOCK_M", 16)), JOIN=tile.get("JOIN", 0), SPLIT=tile.get("SPLIT", 1),
-                     PAIRS=tile.get("PAIRS", 0) if tile.get("JOIN", 0) else 0)  # PAIRS needs JOIN
+        join = tile.get("JOIN", 0)
+        extra = dict(BLOCK_M=max(16, tile.get("BLOCK_M", 16)), JOIN=join, SPLIT=tile.get("SPLIT", 1),
+                     PAIRS=tile.get("PAIRS", 0) if join else 0)  # PAIRS needs JOIN
     else:
         extra = dict(SPLIT=tile.get("SPLIT", 1), BLOCK_M=min(tile.get("BLOCK_M", 1), triton.next_power_of_2(m)),
                      DEPTH=tile.get("DEPTH", 1), XAHEAD=tile.get("XAHEAD", 0),
