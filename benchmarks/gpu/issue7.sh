@@ -137,9 +137,10 @@ fp8-kv)
     done
     ;;
 rows)
-    # W4A16 at 16-64 rows: the CUDA tests of the tl.dot tile options (PAIRS's PTX) and row
-    # classes; the 8B step at batch 16/32/64 as bf16, int4 on the committed tiles (the kernel up
-    # to w4a16_tiles.KERNEL_ROWS); the tl.dot probe; int4 on the probe's tiles; bf16 again.
+    # W4A16 at 8-64 rows: the CUDA tests of the tl.dot tile options (PAIRS's PTX) and row
+    # classes; the 8B step at batch 8/16/32/64 as bf16, int4 on the committed tiles (the kernel
+    # up to w4a16_tiles.KERNEL_ROWS); the tl.dot probe (at 8 rows: dp4a or tl.dot); int4 on the
+    # probe's tiles; bf16 again.
     # ROWS_PROBE=0: no probe, the committed int4 again instead. ROW_BATCHES: the batch sizes.
     step "CUDA tests: W4A16 at 16-64 rows"
     run_for ${T_TESTS:-90} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_quant_linear.py \
@@ -147,22 +148,22 @@ rows)
     grep -E "^E  .*(Mismatch|Greatest)|^(FAILED|ERROR)|passed|failed" "$OUT/rows-tests.txt" | tail -12
     rlat() {  # $1: label, then extra flags
         local label=$1; shift
-        run_for ${T_LAT:-100} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes ${ROW_BATCHES:-16,32,64} \
+        run_for ${T_LAT:-100} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes ${ROW_BATCHES:-8,16,32,64} \
             --repeats 1 --cuda-graph-max-batch 64 "$@" --output "$OUT/latency-llama-8b-rows-$label.json" 2>&1 \
             | grep -v Warning | tail -7
     }
-    step "8B decode step at batch 16/32/64, bf16"; rlat bf16-1
+    step "8B decode step at batch ${ROW_BATCHES:-8,16,32,64}, bf16"; rlat bf16-1
     step "8B decode step, int4, committed tiles"; rlat int4-committed-1 --quantization int4
     if [ "${ROWS_PROBE:-1}" != 0 ]; then
-        step "W4A16 tl.dot tiles at 16-64 rows, Llama-3.1-8B layer shapes"
+        step "W4A16 tl.dot tiles at 8-64 rows, Llama-3.1-8B layer shapes"
         run_for ${T_PROBE:-150} python3 benchmarks/gpu/w4a16_dot_probe.py "$OUT/w4a16-dot-probe.json" \
-            "$OUT/w4a16-dot-table.json" 2>&1 | grep -v "^  " | tail -14
+            "$OUT/w4a16-dot-table.json" 2>&1 | grep -v "^  " | tail -18
         if [ -f "$OUT/w4a16-dot-table.json" ]; then
             step "8B decode step, int4, the probe's tiles"
             NEXTOK_W4A16_CONFIGS=$OUT/w4a16-dot-table.json rlat int4-probe --quantization int4
         fi
     fi
-    step "8B decode step at batch 16/32/64, bf16 again"; rlat bf16-2
+    step "8B decode step, bf16 again"; rlat bf16-2
     if [ "${ROWS_PROBE:-1}" = 0 ]; then  # without the probe: the pair again, A B A B
         step "8B decode step, int4, committed tiles again"; rlat int4-committed-2 --quantization int4
     fi

@@ -1,4 +1,4 @@
-"""W4A16 at 16-64 rows: the tl.dot kernel's tiles against what Int4Linear does past
+"""W4A16 at 8-64 rows: the tl.dot kernel's tiles against what Int4Linear does past
 w4a16_tiles.KERNEL_ROWS (dequantize the whole weight, then cuBLAS) and against bf16.
 
     python3 benchmarks/gpu/w4a16_dot_probe.py OUT.json TABLE.json [SHAPES]
@@ -10,6 +10,12 @@ TABLE.json: the repo's table for this GPU with each shape's tl.dot row classes (
 "64": w4a16_tiles.DOT_CLASSES) set to the fastest tile at that many rows (what
 kernels/triton/configs/ holds). Whether the kernel should take steps past 16 rows at all
 (w4a16_tiles.KERNEL_ROWS) is read off the dequantize + cuBLAS column.
+
+At 8 rows (in PROBE_ROWS, as by default) it times the committed dp4a tile against tl.dot on
+the table's "16" tile, padded to its 16 rows: where tl.dot is faster, TABLE's "8" entry gets
+"dot": true, which sends 5-8 rows there (the dp4a kernel pads 5-7 rows to its block of 8, so
+8 rows stand for the class). At 16 rows on an H100 tl.dot took 57.0 us at gate_up and 30.7 at
+down, the dp4a kernel at 8 rows 64.2 and 35.4 (two calls, 2026-12-06).
 """
 from __future__ import annotations
 
@@ -26,10 +32,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from w4a16_probe import graph_us, time_tile, write_results  # noqa: E402
 
 from nextok.kernels.triton import int4_words as words4  # noqa: E402
+from nextok.kernels.triton import w4a16 as w4  # noqa: E402
+from nextok.kernels.triton import w4a16_tiles as tiles  # noqa: E402
 from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # noqa: E402
 
 DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336"
-ROW_COUNTS = [int(r) for r in os.environ.get("PROBE_ROWS", "16,32,64").split(",")]
+ROW_COUNTS = [int(r) for r in os.environ.get("PROBE_ROWS", "8,16,32,64").split(",")]
 # JOIN (one dot a tile) with PAIRS (W dequantized two columns a register: ~0.6x the loop's
 # instructions, counted for sm_90) over K split 1-8 ways and 16-64 rows a program; beside it, to
 # compare, JOIN through float32 and the per-nibble kernel (the tiles that won at 16 rows on an
@@ -43,6 +51,29 @@ DOT = ([dict(BLOCK_N=bn, TW=16, num_warps=nw, num_stages=3, BLOCK_M=bm, JOIN=1, 
           for (bn, nw), bm, sp in itertools.product(((64, 4), (128, 8)), (16, 64), (1, 4))]
        + [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, BLOCK_M=16)
           for bn, tw, nw in ((32, 32, 4), (64, 32, 4), (128, 16, 8))])
+
+
+def dp4a_or_dot(n: int, k: int, x, packed: list, ref, copies: int, layout, table: dict, dev) -> dict:
+    """At <= DP4A_ROWS rows: the committed tile (dp4a, or tl.dot if its "8" entry says so)
+    against tl.dot on the table's "16" tile; TABLE's "8" entry routed to the faster."""
+    kept = tiles._tuned(torch.cuda.get_device_name(dev)).get(f"{n}x{k}", {})
+    rows = x.shape[0]
+    committed = graph_us(lambda i: w4.w4a16(x, *packed[i], layout=layout), copies)
+    tile16 = kept.get("16") or tiles.DEFAULT_TILES["16"]
+    dot = time_tile(dict(tile16, dot=True), x, packed, ref, copies, layout)
+    cls = tiles._row_class(rows)
+    tile = {key: v for key, v in (kept.get(cls) or tiles._default_tile(cls, n, k)).items() if key != "dot"}
+    if dot and dot["us"] < committed and not kept.get(cls, {}).get("dot"):
+        tile["dot"] = True
+    elif dot and kept.get(cls, {}).get("dot"):  # committed is already tl.dot: time dp4a too
+        dp4a = time_tile(tile, x, packed, ref, copies, layout)
+        if not dp4a or dot["us"] < dp4a["us"]:
+            tile["dot"] = True
+    table.setdefault(f"{n}x{k}", {})[cls] = tile
+    print(f"{n:>6}x{k:<6} rows {rows:>2}: committed {committed:6.1f} us | tl.dot on the 16-row tile "
+          f"{dot['us'] if dot else float('nan'):6.1f} us -> {'tl.dot' if tile.get('dot') else 'dp4a'}", flush=True)
+    return {"n": n, "k": k, "rows": rows, "committed_us": committed, "dot_16_tile": dot,
+            "committed_dot": bool(kept.get(cls, {}).get("dot")), "class_tile": tile}
 
 
 def main() -> int:
@@ -63,6 +94,9 @@ def main() -> int:
         for rows in ROW_COUNTS:
             x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
             ref = F.linear(x.float(), ref_w)
+            if rows <= tiles.DP4A_ROWS:
+                results.append(dp4a_or_dot(n, k, x, packed, ref, copies, layout, table, dev))
+                continue
             r = {"n": n, "k": k, "rows": rows, "packed_bytes": packed_bytes,
                  "bf16_cublas_us": graph_us(lambda i: F.linear(x, bfs[i]), copies),
                  "dequant_cublas_us": graph_us(lambda i: F.linear(x, words4.dequantize(

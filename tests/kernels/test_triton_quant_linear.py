@@ -161,7 +161,8 @@ def test_untuned_shapes_split_k_by_their_number_of_tiles():
 
 def test_committed_tile_tables_are_well_formed():
     """Every tuned table (kernels/triton/configs, written by benchmarks/gpu/w4a16_probe.py):
-    shapes "NxK", row classes 1/4/8/16, tiles the kernels take on tiled words."""
+    shapes "NxK", row classes 1/4/8 (dp4a, or "dot") and 16/32/64 (tl.dot), tiles the kernels
+    take on tiled words."""
     import glob
     import json
     import os
@@ -181,9 +182,10 @@ def test_committed_tile_tables_are_well_formed():
                     assert cls == "8", path
                     continue
                 assert tile["TW"] % words4.LAYOUT[1] == 0 and tile["BLOCK_N"] in (16, 32, 64, 128, 256), (path, shape)
-                if cls in ("16", "32", "64"):  # tl.dot's rows a program and split of K
-                    assert tile.get("BLOCK_M", 64) in (16, 32, 64), (path, shape)
+                if cls in ("16", "32", "64"):  # tl.dot's rows a program, split of K, PAIRS (with JOIN)
+                    assert tile.get("BLOCK_M", 16) in (16, 32, 64), (path, shape)
                     assert tile.get("SPLIT", 1) in (1, 2, 4, 8, 16), (path, shape)
+                    assert tile.get("JOIN", 0) in (0, 1) and tile.get("PAIRS", 0) in (0, tile.get("JOIN", 0)), (path, shape)
                 else:
                     assert tile["BLOCK_M"] == int(cls) and tile["SPLIT"] in (1, 2, 4, 8, 16), (path, shape)
                     assert tile.get("DEPTH", 1) in (1, 2) and tile.get("XAHEAD", 0) in (0, 1), (path, shape)

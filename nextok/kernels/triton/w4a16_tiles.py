@@ -129,8 +129,8 @@ def config(m: int, n: int, k: int, group: int, device: torch.device) -> tuple[bo
         # split K only where N is small (every split walks all of K in the interpreter)
         return dot, _tile(dict(BLOCK_N=16, TW=max(wpg, 8), num_warps=4, num_stages=1,
                                SPLIT=2 if n <= 32 else 1, BLOCK_M=16 if dot else 2), m, dot, wpg)
-    if _OVERRIDE is not None:
-        dot = m > DP4A_ROWS
+    if _OVERRIDE is not None:  # (a probe's tile; "dot": true takes tl.dot at <= DP4A_ROWS too)
+        dot = m > DP4A_ROWS or bool(_OVERRIDE.get("dot"))
         return dot, _tile(_OVERRIDE, m, dot, wpg)
     table = _tuned(torch.cuda.get_device_name(device)).get(f"{n}x{k}", {})
     if m > DP4A_ROWS:  # tl.dot: the tile for up to 16, 32 or 64 rows
