@@ -47,6 +47,23 @@ class Recorder:
         monkeypatch.setattr(InterpretedFunction, "run", run)
 
 
+def test_warm_up_steps_cover_each_row_class_in_both_integer_classes():
+    """The warm-up's step totals, on an engine of ordinary budgets, reach each kernel row class
+    (1-8 rows, W4A16's tl.dot 9-16, 17-32 and 33-64) with a token count that is a multiple of 16
+    and one that is not, where the class holds both: Triton compiles each apart."""
+    from nextok.kernels.triton.w4a16_tiles import DOT_CLASSES
+    from nextok.worker.warmup import steps_for
+
+    totals = {d + c + f for d, c, f in steps_for(8192, 4096)}
+    lo = 9
+    for cls in DOT_CLASSES:
+        hi = int(cls)
+        got = {t for t in totals if lo <= t <= hi}
+        assert any(t % 16 == 0 for t in got) and any(t % 16 for t in got), (cls, sorted(got))
+        lo = hi + 1
+    assert {t for t in totals if t <= 8} >= {2, 3, 5, 8}
+
+
 def _serve(llm) -> None:
     """Prompts of 1..41 tokens in a 24-token budget: decode batches of 1..6 rows, chunks that
     continue a prefix next to decode rows, and a prefix-cache hit."""
