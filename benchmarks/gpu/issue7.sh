@@ -146,6 +146,10 @@ rows)
     run_for ${T_TESTS:-90} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_quant_linear.py \
         -k "tile_options or row_classes" > "$OUT/rows-tests.txt" 2>&1
     grep -E "^E  .*(Mismatch|Greatest)|^(FAILED|ERROR)|passed|failed" "$OUT/rows-tests.txt" | tail -12
+    # an int4 engine compiles nothing after its warm-up (steps of 1-64 tokens)
+    NEXTOK_TEST_TOKENIZER=$PWD/$TOK run_for ${T_WARM:-60} python3 -m pytest -q -p no:cacheprovider \
+        tests/e2e/test_warmup_kernels.py -k "int4" > "$OUT/rows-warmup-test.txt" 2>&1
+    grep -E "^E  |^(FAILED|ERROR)|passed|failed" "$OUT/rows-warmup-test.txt" | tail -6
     rlat() {  # $1: label, then extra flags
         local label=$1; shift
         run_for ${T_LAT:-100} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes ${ROW_BATCHES:-8,16,32,64} \

@@ -74,12 +74,12 @@ def _serve(llm) -> None:
         llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
 
 
-def _engine(tokenizer_path, tmp_path, kv_cache_dtype: str, device: str) -> LLM:
+def _engine(tokenizer_path, tmp_path, kv_cache_dtype: str, device: str, **kwargs) -> LLM:
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
     return LLM(model=str(tmp_path), load_format="dummy", tokenizer=tokenizer_path,
                dtype="float32" if device == "cpu" else "bfloat16", device=device,
-               max_num_batched_tokens=24, num_kv_blocks=64, attention_backend="triton",
-               kv_cache_dtype=kv_cache_dtype)
+               max_num_batched_tokens=kwargs.pop("max_num_batched_tokens", 24), num_kv_blocks=64,
+               attention_backend="triton", kv_cache_dtype=kv_cache_dtype, **kwargs)
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
@@ -119,13 +119,15 @@ def _compiled() -> dict[str, int]:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="counts the GPU compiler's kernels")
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_serving_compiles_nothing_after_start_on_cuda(tokenizer_path, tmp_path, kv_cache_dtype):
+@pytest.mark.parametrize("kv_cache_dtype,quantization", [("auto", None), ("fp8", None), ("auto", "int4")])
+def test_serving_compiles_nothing_after_start_on_cuda(tokenizer_path, tmp_path, kv_cache_dtype, quantization):
     """On CUDA the engine warms up by itself (ModelRunner.allocate_kv_cache): serving then adds
-    no compiled kernel, the fused ops' and the linears' included."""
+    no compiled kernel, the fused ops' and the linears' included. int4 (groups of 32), in steps
+    of up to 64 tokens: W4A16's dp4a kernel and each of its tl.dot row classes."""
     if kv_cache_dtype == "fp8" and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 caches take the Triton kernels from compute capability 8.9")
-    llm = _engine(tokenizer_path, tmp_path, kv_cache_dtype, "cuda")
+    extra = dict(quantization="int4", quant_group_size=32, max_num_batched_tokens=64) if quantization else {}
+    llm = _engine(tokenizer_path, tmp_path, kv_cache_dtype, "cuda", **extra)
     before = _compiled()
     _serve(llm)
     after = _compiled()
