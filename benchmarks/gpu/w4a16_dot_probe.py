@@ -11,8 +11,8 @@ TABLE.json: the repo's table for this GPU with each shape's tl.dot row classes (
 kernels/triton/configs/ holds). Whether the kernel should take steps past 16 rows at all
 (w4a16_tiles.KERNEL_ROWS) is read off the dequantize + cuBLAS column.
 
-At 8 rows (in PROBE_ROWS, as by default) it times the committed dp4a tile against tl.dot on
-the table's "16" tile, padded to its 16 rows: where tl.dot is faster, TABLE's "8" entry gets
+At 8 rows (in PROBE_ROWS, as by default) it times the table's dp4a tile against tl.dot on the
+table's "16" tile, padded to its 16 rows: where tl.dot is faster, TABLE's "8" entry gets
 "dot": true, which sends 5-8 rows there (the dp4a kernel pads 5-7 rows to its block of 8, so
 8 rows stand for the class). At 16 rows on an H100 tl.dot took 57.0 us at gate_up and 30.7 at
 down, the dp4a kernel at 8 rows 64.2 and 35.4 (two calls, 2026-12-06).
@@ -54,26 +54,20 @@ DOT = ([dict(BLOCK_N=bn, TW=16, num_warps=nw, num_stages=3, BLOCK_M=bm, JOIN=1, 
 
 
 def dp4a_or_dot(n: int, k: int, x, packed: list, ref, copies: int, layout, table: dict, dev) -> dict:
-    """At <= DP4A_ROWS rows: the committed tile (dp4a, or tl.dot if its "8" entry says so)
-    against tl.dot on the table's "16" tile; TABLE's "8" entry routed to the faster."""
+    """At <= DP4A_ROWS rows: the table's dp4a tile for the class against tl.dot on its "16"
+    tile; TABLE's entry for the class routed to the faster ("dot": true for tl.dot)."""
     kept = tiles._tuned(torch.cuda.get_device_name(dev)).get(f"{n}x{k}", {})
-    rows = x.shape[0]
-    committed = graph_us(lambda i: w4.w4a16(x, *packed[i], layout=layout), copies)
-    tile16 = kept.get("16") or tiles.DEFAULT_TILES["16"]
-    dot = time_tile(dict(tile16, dot=True), x, packed, ref, copies, layout)
-    cls = tiles._row_class(rows)
+    cls = tiles._row_class(x.shape[0])
     tile = {key: v for key, v in (kept.get(cls) or tiles._default_tile(cls, n, k)).items() if key != "dot"}
-    if dot and dot["us"] < committed and not kept.get(cls, {}).get("dot"):
+    dp4a = time_tile(tile, x, packed, ref, copies, layout)
+    dot = time_tile(dict(kept.get("16") or tiles.DEFAULT_TILES["16"], dot=True), x, packed, ref, copies, layout)
+    if dot and (not dp4a or dot["us"] < dp4a["us"]):
         tile["dot"] = True
-    elif dot and kept.get(cls, {}).get("dot"):  # committed is already tl.dot: time dp4a too
-        dp4a = time_tile(tile, x, packed, ref, copies, layout)
-        if not dp4a or dot["us"] < dp4a["us"]:
-            tile["dot"] = True
     table.setdefault(f"{n}x{k}", {})[cls] = tile
-    print(f"{n:>6}x{k:<6} rows {rows:>2}: committed {committed:6.1f} us | tl.dot on the 16-row tile "
-          f"{dot['us'] if dot else float('nan'):6.1f} us -> {'tl.dot' if tile.get('dot') else 'dp4a'}", flush=True)
-    return {"n": n, "k": k, "rows": rows, "committed_us": committed, "dot_16_tile": dot,
-            "committed_dot": bool(kept.get(cls, {}).get("dot")), "class_tile": tile}
+    us = lambda t: t["us"] if t else float("nan")  # noqa: E731
+    print(f"{n:>6}x{k:<6} rows {x.shape[0]:>2}: dp4a {us(dp4a):6.1f} us | tl.dot on the 16-row tile "
+          f"{us(dot):6.1f} us -> {'tl.dot' if tile.get('dot') else 'dp4a'}", flush=True)
+    return {"n": n, "k": k, "rows": x.shape[0], "dp4a": dp4a, "dot_16_tile": dot, "class_tile": tile}
 
 
 def main() -> int:

@@ -62,8 +62,7 @@ def test_scripts_in_one_call_share_one_deadline():
 
 def test_dot_probe_routes_eight_rows_to_the_faster_kernel(monkeypatch):
     """w4a16_dot_probe at 8 rows: the table's "8" entry keeps its dp4a tile and gets "dot": true
-    only where tl.dot on the "16" tile was faster than the committed path (timed here by stubs;
-    an "8" entry already on tl.dot is timed against its dp4a tile)."""
+    only where tl.dot on the "16" tile was faster (times from stubs), whichever it had before."""
     import torch
 
     monkeypatch.syspath_prepend(str(GPU))
@@ -71,15 +70,13 @@ def test_dot_probe_routes_eight_rows_to_the_faster_kernel(monkeypatch):
     dp4a = dict(BLOCK_N=64, TW=32, num_warps=4, num_stages=3, SPLIT=4, BLOCK_M=8)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
     x = torch.zeros(8, 256)
-    # (the committed path's time, tl.dot's on the "16" tile, dp4a's, the committed "8" entry, want)
-    for committed_us, dot_us, dp4a_us, kept8, want_dot in (
-            (50.0, 40.0, 50.0, dp4a, True), (50.0, 60.0, 50.0, dp4a, False),
-            (45.0, 45.0, 40.0, dict(dp4a, dot=True), False), (45.0, 45.0, 50.0, dict(dp4a, dot=True), True)):
+    for dot_us, dp4a_us, kept8, want_dot in ((40.0, 50.0, dp4a, True), (60.0, 50.0, dp4a, False),
+                                             (45.0, 40.0, dict(dp4a, dot=True), False),
+                                             (45.0, 50.0, dict(dp4a, dot=True), True)):
         monkeypatch.setattr(probe.tiles, "_tuned", lambda name, kept8=kept8: {"64x256": {"8": kept8}})
-        monkeypatch.setattr(probe, "graph_us", lambda fn, copies, us=committed_us: us)
         monkeypatch.setattr(probe, "time_tile", lambda cfg, *a, d=dot_us, p=dp4a_us:
                             dict(cfg, us=d if cfg.get("dot") else p, max_diff=0.0))
         table = {}
         r = probe.dp4a_or_dot(64, 256, x, [], None, 2, None, table, torch.device("cpu"))
-        assert table["64x256"]["8"] == (dict(dp4a, dot=True) if want_dot else dp4a), (committed_us, dot_us, kept8)
-        assert r["rows"] == 8 and r["committed_us"] == committed_us
+        assert table["64x256"]["8"] == (dict(dp4a, dot=True) if want_dot else dp4a), (dot_us, dp4a_us, kept8)
+        assert r["rows"] == 8 and r["dp4a"]["us"] == dp4a_us and r["dot_16_tile"]["us"] == dot_us
