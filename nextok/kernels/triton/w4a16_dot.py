@@ -51,19 +51,23 @@ def _plane(w, hi, d, mn, i: tl.constexpr, dtype: tl.constexpr):
     return (_nibble(w, hi, i) * (d * (1.0 / (1 << (4 * (i % 4))))) + mn).to(dtype)
 
 
-# prmt selectors of pair b: byte 0 from the word's byte b (nibble 2b low), byte 2 from the word
-# shifted right by 4's byte b (nibble 2b + 1 low); bytes 1 and 3 are masked off after
-_PAIR_ASM = ("{{ .reg .b32 w4, one, neg, d2, m2, p0, p1, p2, p3; shr.u32 w4, $8, 4; "
-             "mov.b32 d2, {{$9, $9}}; mov.b32 m2, {{$10, $10}}; mov.b32 one, {one}; mov.b32 neg, {neg}; "
-             + "".join(f"prmt.b32 p{b}, $8, w4, {0x4400 + 0x1111 * b}; "
-                       "lop3.b32 p{b}, p{b}, 0x000F000F, {magic}, 0xEA; "
-                       "fma.rn.{t} p{b}, p{b}, one, neg; fma.rn.{t} p{b}, p{b}, d2, m2; "
-                       f"mov.b32 {{{{${2 * b}, ${2 * b + 1}}}}}, p{b}; ".replace("{b}", str(b))
-                       for b in range(4)) + "}}")
-# bfloat16: 0x4300 is 128 (7 mantissa bits), float16: 0x6400 is 1024 (10); the nibble in the
-# low mantissa bits makes 128 + q (1024 + q), exact, and 1 * that - 128 (-1024) is q
-PAIR_ASM_BF16 = tl.constexpr(_PAIR_ASM.format(t="bf16x2", magic="0x43004300", one="0x3F803F80", neg="0xC300C300"))
-PAIR_ASM_F16 = tl.constexpr(_PAIR_ASM.format(t="f16x2", magic="0x64006400", one="0x3C003C00", neg="0xE400E400"))
+def _pair_asm(t: str, magic: str, one: str, neg: str) -> str:
+    """PTX of _paired_planes: $8 the word, $9 d, $10 m -> $0..$7 the columns 8 word + 0..7.
+    Pair b: prmt takes the word's byte b (nibble 2b in its low half) into byte 0 and the word
+    shifted right by 4's byte b (nibble 2b + 1) into byte 2; lop3 keeps those nibbles under
+    `magic` (128 + q in bfloat16, 1024 + q in float16: exact); 1 * that - 128 (or 1024) is q;
+    then q d + m, rounded once."""
+    pairs = "".join(f"prmt.b32 p{b}, $8, w4, {0x4400 + 0x1111 * b}; "
+                    f"lop3.b32 p{b}, p{b}, 0x000F000F, {magic}, 0xEA; "
+                    f"fma.rn.{t} p{b}, p{b}, one, neg; fma.rn.{t} p{b}, p{b}, d2, m2; "
+                    f"mov.b32 {{${2 * b}, ${2 * b + 1}}}, p{b}; " for b in range(4))
+    return ("{ .reg .b32 w4, one, neg, d2, m2, p0, p1, p2, p3; shr.u32 w4, $8, 4; "
+            f"mov.b32 d2, {{$9, $9}}; mov.b32 m2, {{$10, $10}}; mov.b32 one, {one}; mov.b32 neg, {neg}; "
+            + pairs + "}")
+
+
+PAIR_ASM_BF16 = tl.constexpr(_pair_asm("bf16x2", magic="0x43004300", one="0x3F803F80", neg="0xC300C300"))
+PAIR_ASM_F16 = tl.constexpr(_pair_asm("f16x2", magic="0x64006400", one="0x3C003C00", neg="0xE400E400"))
 
 
 @triton.jit
