@@ -16,6 +16,10 @@
 #                                           against dequantize + cuBLAS and bf16 (w4a16_dot_probe.py), and
 #                                           the 8B step at batch 16/32/64: bf16, int4 as committed, int4
 #                                           with the kernel up to 64 rows (NEXTOK_W4A16_ROWS) on the probe's tiles
+#   bash benchmarks/gpu/issue7.sh big       W4A16 at 65-256 rows (past KERNEL_ROWS): CUDA tests at 100 and 256 rows,
+#                                           the tl.dot probe at 128 and 256 rows, and the 8B step at batch
+#                                           64/128/256: bf16, int4 as committed (dequantize + cuBLAS past 64),
+#                                           int4 with the kernel up to 256 rows on the probe's tiles, A B A B
 #   bash benchmarks/gpu/issue7.sh plan      all of the above that item 4 still needs, in order, under DEADLINE
 #   bash benchmarks/gpu/issue7.sh fp8-kv    offline throughput 1000 x 512 -> 256, bf16 vs fp8 (and fp8
 #                                           with an fp8 KV cache); the
@@ -172,6 +176,33 @@ rows)
         step "8B decode step, int4, committed tiles again"; rlat int4-committed-2 --quantization int4
     fi
     ;;
+big)
+    # W4A16 at 65-256 rows, which past KERNEL_ROWS (64) dequantize the whole weight and run cuBLAS:
+    # the tl.dot kernel over 2-4 blocks of rows instead (NEXTOK_W4A16_ROWS=256) on the probe's
+    # tiles. Whether KERNEL_ROWS should move is read off the step times.
+    step "CUDA tests: W4A16 at 100 and 256 rows, row classes"
+    run_for ${T_TESTS:-90} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_quant_linear.py \
+        -k "(test_w4a16 and (100 or 256)) or row_classes or rows_limit" > "$OUT/big-tests.txt" 2>&1
+    grep -E "^E  .*(Mismatch|Greatest)|^(FAILED|ERROR)|passed|failed" "$OUT/big-tests.txt" | tail -12
+    step "W4A16 tl.dot tiles at 128 and 256 rows, Llama-3.1-8B layer shapes"
+    PROBE_ROWS=128,256 run_for ${T_PROBE:-120} python3 benchmarks/gpu/w4a16_dot_probe.py "$OUT/w4a16-big-probe.json" \
+        "$OUT/w4a16-big-table.json" 2>&1 | grep -v "^  " | tail -10
+    blat() {  # $1: label, then extra flags
+        local label=$1; shift
+        run_for ${T_LAT:-100} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes ${BIG_BATCHES:-64,128,256} \
+            --repeats 1 --cuda-graph-max-batch 256 "$@" --output "$OUT/latency-llama-8b-big-$label.json" 2>&1 \
+            | grep -v Warning | tail -6
+    }
+    kernel() {  # int4 with the kernel up to 256 rows, on the probe's table (else the committed one)
+        NEXTOK_W4A16_ROWS=256 NEXTOK_W4A16_CONFIGS=$( [ -f "$OUT/w4a16-big-table.json" ] && echo "$OUT/w4a16-big-table.json") \
+            blat "$@" --quantization int4
+    }
+    step "8B decode step at batch ${BIG_BATCHES:-64,128,256}, bf16"; blat bf16-1
+    step "8B decode step, int4 as committed (dequantize + cuBLAS past 64 rows)"; blat int4-committed --quantization int4
+    step "8B decode step, int4, the kernel up to 256 rows"; kernel int4-kernel-1
+    step "8B decode step, bf16 again"; blat bf16-2
+    step "8B decode step, int4, the kernel up to 256 rows, again"; kernel int4-kernel-2
+    ;;
 plan)
     # What item 4 still needs, most needed first, under one call's deadline (DEADLINE=S; a step
     # that would not finish is skipped). On an H200: the CUDA tests of the fp8 cache's decode on
@@ -192,7 +223,7 @@ plan)
     TP_RUNS="bf16 fp8kv" KV_KINDS="" T_TP=100 bash "$0" fp8-kv
     ;;
 *)
-    echo "usage: $0 w4a16|gguf|tests|lat256|decode|kernels|fp8-kv|rows|plan" >&2
+    echo "usage: $0 w4a16|gguf|tests|lat256|decode|kernels|fp8-kv|rows|big|plan" >&2
     exit 2
     ;;
 esac

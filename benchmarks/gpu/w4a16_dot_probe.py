@@ -1,15 +1,16 @@
-"""W4A16 at 8-64 rows: the tl.dot kernel's tiles against what Int4Linear does past
+"""W4A16 at 8-256 rows: the tl.dot kernel's tiles against what Int4Linear does past
 w4a16_tiles.KERNEL_ROWS (dequantize the whole weight, then cuBLAS) and against bf16.
 
     python3 benchmarks/gpu/w4a16_dot_probe.py OUT.json TABLE.json [SHAPES]
 
-For each shape (N x K, groups of 128) and 16, 32 and 64 rows (PROBE_ROWS): bf16 F.linear, the
-dequantize + F.linear path, and the tl.dot kernel (w4a16_dot.py) at every tile of a grid.
+For each shape (N x K, groups of 128) and 16, 32 and 64 rows (PROBE_ROWS; 128 and 256 too, the
+classes past KERNEL_ROWS, on a grid of their own): bf16 F.linear, the dequantize + F.linear
+path, and the tl.dot kernel (w4a16_dot.py) at every tile of a grid.
 Timed as w4a16_probe.py times (CUDA graphs of 24 calls over weight copies larger than L2).
 TABLE.json: the repo's table for this GPU with each shape's tl.dot row classes ("16", "32",
-"64": w4a16_tiles.DOT_CLASSES) set to the fastest tile at that many rows (what
+"64", ...: w4a16_tiles.DOT_CLASSES) set to the fastest tile at that many rows (what
 kernels/triton/configs/ holds). Whether the kernel should take steps past 16 rows at all
-(w4a16_tiles.KERNEL_ROWS) is read off the dequantize + cuBLAS column.
+and up to how many (w4a16_tiles.KERNEL_ROWS) is read off the dequantize + cuBLAS column.
 
 At 8 rows (in PROBE_ROWS, as by default) it times the table's dp4a tile against tl.dot on the
 table's "16" tile, padded to its 16 rows: where tl.dot is faster, TABLE's "8" entry gets
@@ -51,6 +52,14 @@ DOT = ([dict(BLOCK_N=bn, TW=16, num_warps=nw, num_stages=3, BLOCK_M=bm, JOIN=1, 
           for (bn, nw), bm, sp in itertools.product(((64, 4), (128, 8)), (16, 64), (1, 4))]
        + [dict(BLOCK_N=bn, TW=tw, num_warps=nw, num_stages=3, BLOCK_M=16)
           for bn, tw, nw in ((32, 32, 4), (64, 32, 4), (128, 16, 8))])
+
+# 65-256 rows, JOIN + PAIRS: blocks of 64 rows (W dequantized again per block) or of 128 (per
+# W word and row ~0.3-0.44 sm_90 loop instructions against 0.56 at 64, counted on the CPU),
+# K split 1 or 2 ways. (BLOCK_N 128 with 128 rows at 4 warps, and 256 with 64 at 8: Triton 3.6
+# fails on them for sm_90, compiled on the CPU)
+BIG = [dict(BLOCK_N=bn, TW=16, num_warps=nw, num_stages=ns, BLOCK_M=bm, JOIN=1, SPLIT=sp, PAIRS=1)
+       for (bn, nw, bm, ns), sp in itertools.product(((64, 4, 64, 3), (128, 8, 64, 3), (64, 4, 128, 2),
+                                                      (64, 8, 128, 3), (64, 8, 128, 2), (128, 8, 128, 2)), (1, 2))]
 
 
 def dp4a_or_dot(n: int, k: int, x, packed: list, ref, copies: int, layout, table: dict, dev) -> dict:
@@ -96,7 +105,8 @@ def main() -> int:
                  "dequant_cublas_us": graph_us(lambda i: F.linear(x, words4.dequantize(
                      *packed[i], torch.bfloat16, layout=layout)), copies)}
             # (rows fewer than a tile's BLOCK_M are padded to it)
-            sweep = [t for t in (time_tile(cfg, x, packed, ref, copies, layout) for cfg in DOT) if t]
+            grid = DOT if rows <= 64 else BIG
+            sweep = [t for t in (time_tile(cfg, x, packed, ref, copies, layout) for cfg in grid) if t]
             if not sweep:
                 continue
             best = min(sweep, key=lambda s: s["us"])
@@ -104,7 +114,7 @@ def main() -> int:
             results.append(r)
             table.setdefault(f"{n}x{k}", {})[str(rows)] = {
                 key: v for key, v in best.items() if key not in ("us", "max_diff")}
-            print(f"{n:>6}x{k:<6} rows {rows:>2}: bf16 {r['bf16_cublas_us']:6.1f} us | dequantize + cuBLAS "
+            print(f"{n:>6}x{k:<6} rows {rows:>3}: bf16 {r['bf16_cublas_us']:6.1f} us | dequantize + cuBLAS "
                   f"{r['dequant_cublas_us']:6.1f} us | tl.dot {best['us']:6.1f} us "
                   f"({r['bf16_cublas_us'] / best['us']:.2f}x bf16, {r['dequant_cublas_us'] / best['us']:.2f}x "
                   f"dequantize) max diff {best['max_diff']:.3g} tile "

@@ -4,7 +4,7 @@ that AWQ and GPTQ are judged against, at the same group size.
 Asymmetric, per group of `group_size` consecutive weights of a row (default 128):
 d = (max - min) / 15, m = min, q = round((W - m) / d) in [0, 15]; W ~ d * q + m. d and m are
 rounded to float16 first, so every path holds the same dequantized weights, except that the
-CUDA tl.dot kernel's PAIRS tiles (9-64 rows) round d and m again to x's dtype (bfloat16: +0.04 %
+CUDA tl.dot kernel's PAIRS tiles (past 8 rows) round d and m again to x's dtype (bfloat16: +0.04 %
 perplexity on the default model; kernels/triton/w4a16_dot.py).
 
 - CPU, float32: GGUF Q4_1 blocks (float16 d and m, 16 bytes of nibbles per 32 weights) with the

@@ -49,7 +49,7 @@ class Recorder:
 
 def test_warm_up_steps_cover_each_row_class_in_both_integer_classes():
     """The warm-up's step totals, on an engine of ordinary budgets, reach each kernel row class
-    (1-8 rows, W4A16's tl.dot 9-16, 17-32 and 33-64) with a token count that is a multiple of 16
+    (1-8 rows, W4A16's tl.dot 9-16, 17-32, ..., 129-256) with a token count that is a multiple of 16
     and one that is not, where the class holds both: Triton compiles each apart."""
     from nextok.kernels.triton.w4a16_tiles import DOT_CLASSES
     from nextok.worker.warmup import steps_for

@@ -31,6 +31,8 @@ SHAPES = ([(6144, 4096, 128), (4096, 14336, 128), (1536, 8960, 64), (28672, 4096
           if CUDA else [(40, 192, 64), (24, 96, 32), (20, 320, 32)])
 ROWS = [1, 3, 5, 16]
 W4_ROWS = ROWS + [40]  # 40: tl.dot in blocks of rows (the interpreter: 16 a block)
+if CUDA:
+    W4_ROWS += [100, 256]  # past KERNEL_ROWS (NEXTOK_W4A16_ROWS), in 2 and 4 blocks of 64
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (4e-3, 4e-3)}
 
 
@@ -161,7 +163,7 @@ def test_untuned_shapes_split_k_by_their_number_of_tiles():
 
 def test_committed_tile_tables_are_well_formed():
     """Every tuned table (kernels/triton/configs, written by benchmarks/gpu/w4a16_probe.py):
-    shapes "NxK", row classes 1/4/8 (dp4a, or "dot") and 16/32/64 (tl.dot), tiles the kernels
+    shapes "NxK", row classes 1/4/8 (dp4a, or "dot") and 16-256 (tl.dot), tiles the kernels
     take on tiled words."""
     import glob
     import json
@@ -176,14 +178,14 @@ def test_committed_tile_tables_are_well_formed():
             table = json.load(f)
         for shape, entry in table.items():
             n, k = (int(v) for v in shape.split("x"))
-            assert set(entry) <= {"1", "4", "8", "16", "32", "64"}, path
+            assert set(entry) <= {"1", "4", "8", *w4a16_tiles.DOT_CLASSES}, path
             for cls, tile in entry.items():
                 if tile.get("dot"):
                     assert cls == "8", path
                     continue
                 assert tile["TW"] % words4.LAYOUT[1] == 0 and tile["BLOCK_N"] in (16, 32, 64, 128, 256), (path, shape)
-                if cls in ("16", "32", "64"):  # tl.dot's rows a program, split of K, PAIRS (with JOIN)
-                    assert tile.get("BLOCK_M", 16) in (16, 32, 64), (path, shape)
+                if cls in w4a16_tiles.DOT_CLASSES:  # tl.dot's rows a program, split of K, PAIRS (with JOIN)
+                    assert tile.get("BLOCK_M", 16) in (16, 32, 64, 128), (path, shape)
                     assert tile.get("SPLIT", 1) in (1, 2, 4, 8, 16), (path, shape)
                     assert tile.get("JOIN", 0) in (0, 1) and tile.get("PAIRS", 0) in (0, tile.get("JOIN", 0)), (path, shape)
                 else:
@@ -399,14 +401,16 @@ def test_w8a16(dtype, shape, rows):
 def test_int4_linear_runs_the_kernel_or_the_torch_path_alike():
     """Int4Linear holds packed nibbles; on CUDA its small steps take the kernel, big ones and the
     CPU dequantize: the same answer either way."""
+    from nextok.kernels.triton.w4a16_tiles import kernel_rows
+
     n, k, group = SHAPES[0]
-    w, x, b = _data(torch.bfloat16 if CUDA else torch.float32, n, k, MAX_ROWS + 4)
+    w, x, b = _data(torch.bfloat16 if CUDA else torch.float32, n, k, kernel_rows() + 4)
     q, d, m = quantize_groups(w, group)
     layer = Int4Linear(q, d, m, b.cpu()).to(DEVICE)
     assert layer.qweight.shape == (n, k // 8)
     want = torch.nn.functional.linear(x, dequantize_groups(q, d, m).to(DEVICE, x.dtype), b)
     big, small = layer(x), layer(x[:3])
-    _close(big, want)  # 20 rows: the dense path
+    _close(big, want)  # past kernel_rows(): the dense path
     _close(small, want[:3])  # on CUDA: the kernel
     # made on CUDA, its words are tiles (int4_words.LAYOUT); any layer's may be: the same answers
     made_here = Int4Linear(q.to(DEVICE), d.to(DEVICE), m.to(DEVICE), b)
@@ -453,7 +457,7 @@ def test_w4a16_dot_tile_options_give_the_same_products(monkeypatch, rows):
 
 def test_dot_row_classes_take_their_own_tiles(monkeypatch):
     """Past DP4A_ROWS a GPU's table gives tl.dot the tile of its row class ("16": 9-16 rows,
-    "32", "64"), else the default of that class; a program takes the tile's BLOCK_M rows (16 if
+    "32", ..., "256"), else the default of that class; a program takes the tile's BLOCK_M rows (16 if
     absent), padded. PAIRS is kept only with JOIN."""
     from nextok.kernels.triton import w4a16_tiles as t
 
@@ -473,6 +477,10 @@ def test_dot_row_classes_take_their_own_tiles(monkeypatch):
     assert pick(40) == (True, dict(BLOCK_N=128, GT=1, num_warps=8, num_stages=3, BLOCK_M=32, JOIN=1, SPLIT=4,
                                    PAIRS=1))
     assert pick(40, n=128)[1]["BLOCK_M"] == t.DEFAULT_TILES["64"]["BLOCK_M"]  # a shape not in the table
+    table["64x256"]["128"] = dict(BLOCK_N=64, TW=16, num_warps=8, num_stages=2, BLOCK_M=128, JOIN=1, PAIRS=1)
+    assert pick(65)[1] == pick(128)[1] == dict(BLOCK_N=64, GT=1, num_warps=8, num_stages=2, BLOCK_M=128, JOIN=1,
+                                               SPLIT=1, PAIRS=1)
+    assert pick(129)[1]["SPLIT"] == t.DEFAULT_TILES["256"]["SPLIT"]
     assert not pick(8)[0]
 
 
@@ -486,7 +494,7 @@ def test_w4a16_rows_limit_is_read_once_and_checked(monkeypatch):
         monkeypatch.setenv("NEXTOK_W4A16_ROWS", value)
         w4a16_tiles.kernel_rows.cache_clear()
         assert w4a16_tiles.kernel_rows() == want
-    for value in ("65", "4", "lots"):
+    for value in (str(w4a16_mod.MAX_ROWS + 1), "4", "lots"):
         monkeypatch.setenv("NEXTOK_W4A16_ROWS", value)
         w4a16_tiles.kernel_rows.cache_clear()
         with pytest.raises(NextokError, match="NEXTOK_W4A16_ROWS"):

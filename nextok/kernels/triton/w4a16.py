@@ -33,7 +33,7 @@ output by 3.9e-5 of its norm (median; max 2.7e-4) against 1.9e-5 per word, while
 to bfloat16 moves it by 1.4e-3 and the int4 weight by 7e-2. Not timed on a GPU yet: the sweep
 (w4a16_probe.py) offers it and the tables take it where it wins.
 
-More rows (9-64): w4a16_dot.py, each tile dequantized to x's dtype and multiplied with tl.dot.
+More rows (9-256): w4a16_dot.py, each tile dequantized to x's dtype and multiplied with tl.dot.
 
 Measured on an H200 (2026-12-04, benchmarks/gpu/w4a16_probe.py; results
 2026-12-04-w4a16-probe-h200-*.json): the float one-row kernel read the packed bytes at ~1.2 TB/s
@@ -58,7 +58,7 @@ from nextok.kernels.triton.pdl import pdl_wait
 from nextok.kernels.triton.split_k import store_split_k
 from nextok.kernels.triton.w4a16_dot import _w4a16_dot_kernel
 
-MAX_ROWS = 64  # the tl.dot kernel's most rows (Int4Linear sends it w4a16_tiles.KERNEL_ROWS)
+MAX_ROWS = 256  # the tl.dot kernel's most rows (Int4Linear sends it w4a16_tiles.kernel_rows())
 
 
 @triton.jit

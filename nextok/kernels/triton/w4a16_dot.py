@@ -1,9 +1,10 @@
-"""W4A16 for 9-64 rows (w4a16.py's w4a16 launches it): each tile of W dequantized to x's dtype in
-registers and multiplied with tl.dot, the rows in blocks of BLOCK_M (16, 32 or 64; fewer rows
-padded). The weight layout is w4a16.py's. At more rows than the dp4a kernel's eight, the tensor
-cores' throughput pays for the dequantization (tiles: w4a16_tiles.py, row classes "16", "32",
-"64"); up to w4a16_tiles.KERNEL_ROWS rows it stands in for dequantizing the whole weight each
-call (2 bytes a weight written and read back, then cuBLAS).
+"""W4A16 for 9-256 rows (w4a16.py's w4a16 launches it): each tile of W dequantized to x's dtype in
+registers and multiplied with tl.dot, the rows in blocks of BLOCK_M (16, 32, 64 or 128; fewer
+rows padded; each block of rows dequantizes W again). The weight layout is w4a16.py's. At more
+rows than the dp4a kernel's eight, the tensor cores' throughput pays for the dequantization
+(tiles: w4a16_tiles.py, row classes DOT_CLASSES); up to w4a16_tiles.KERNEL_ROWS rows it stands
+in for dequantizing the whole weight each call (2 bytes a weight written and read back, then
+cuBLAS).
 
 Tile options (the H100's sweep, 2026-12-06-rows-pairs-h100.md; every best tile has JOIN and
 PAIRS, and takes 0.28-0.51x the time of dequantize + cuBLAS, 0.70-1.02x bf16's):

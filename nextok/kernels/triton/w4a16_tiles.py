@@ -5,8 +5,8 @@ num_warps, num_stages, and for dp4a SPLIT, BLOCK_M, DEPTH, how many tiles of W a
 (1 if absent), XAHEAD, whether x's tiles are loaded one ahead too (0 if absent), and UNROLL,
 whether the loop takes DEPTH + 1 tiles a turn in buffers of their own (with XAHEAD; 0 if absent),
 XRUN, whether x's fixed point is per run of 4 words instead of per word (0 if absent; w4a16.py),
-for tl.dot (row classes "16", "32", "64"; one missing takes DEFAULT_TILES') BLOCK_M, rows a
-program (16, 32 or 64; 16 if absent; fewer rows are padded to it: sm_90's wgmma takes 64),
+for tl.dot (row classes DOT_CLASSES; one missing takes DEFAULT_TILES') BLOCK_M, rows a
+program (16, 32, 64 or 128; 16 if absent; fewer rows are padded to it: sm_90's wgmma takes 64),
 JOIN, one dot a tile (0 if absent; w4a16_dot.py), PAIRS, with JOIN W dequantized two columns a
 register in x's dtype (0 if absent; w4a16_dot.py), and SPLIT (1 if absent), and maxnreg, a
 cap on the registers a thread (ptxas: the programs an SM holds); one row may instead take
@@ -65,7 +65,9 @@ def kernel_rows() -> int:
     return int(value)
 
 
-DOT_CLASSES = ("16", "32", "64")  # tl.dot's row classes: 9-16, 17-32, 33-64 rows
+# tl.dot's row classes: 9-16, 17-32, 33-64, 65-128 and 129-256 rows (past KERNEL_ROWS only with
+# NEXTOK_W4A16_ROWS, or a probe's sweep)
+DOT_CLASSES = ("16", "32", "64", "128", "256")
 
 
 def _row_class(m: int) -> str:
@@ -85,7 +87,11 @@ DEFAULT_TILES = {"1": dict(BLOCK_N=128, TW=32, num_warps=4, num_stages=3, SPLIT=
                  # shape on an H100 (2026-12-06-w4a16-dot-probe-h100-pairs-b5b3e4b.json)
                  "16": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=16, JOIN=1, PAIRS=1, SPLIT=4),
                  "32": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=64, JOIN=1, PAIRS=1, SPLIT=2),
-                 "64": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=64, JOIN=1, PAIRS=1, SPLIT=2)}
+                 "64": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=64, JOIN=1, PAIRS=1, SPLIT=2),
+                 # 65-256 rows: "64"'s tile over 2-4 blocks of rows, K split so that an 8B o_proj
+                 # (64 tiles of N) still makes 256 programs (not timed: w4a16_dot_probe.py)
+                 "128": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=64, JOIN=1, PAIRS=1, SPLIT=2),
+                 "256": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=64, JOIN=1, PAIRS=1, SPLIT=1)}
 
 
 def _default_tile(cls: str, n: int, k: int) -> dict:
@@ -133,7 +139,7 @@ def config(m: int, n: int, k: int, group: int, device: torch.device) -> tuple[bo
         dot = m > DP4A_ROWS or bool(_OVERRIDE.get("dot"))
         return dot, _tile(_OVERRIDE, m, dot, wpg)
     table = _tuned(torch.cuda.get_device_name(device)).get(f"{n}x{k}", {})
-    if m > DP4A_ROWS:  # tl.dot: the tile for up to 16, 32 or 64 rows
+    if m > DP4A_ROWS:  # tl.dot: the tile of the row class (up to 16, 32, ... rows)
         cls = next(c for c in DOT_CLASSES if m <= int(c))
         return True, _tile(table.get(cls) or DEFAULT_TILES[cls], m, True, wpg)
     cls = _row_class(m)
