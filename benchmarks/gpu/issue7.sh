@@ -20,6 +20,9 @@
 #                                           the tl.dot probe at 128 and 256 rows, and the 8B step at batch
 #                                           64/128/256: bf16, int4 as committed (dequantize + cuBLAS past 64),
 #                                           int4 with the kernel up to 256 rows on the probe's tiles, A B A B
+#   bash benchmarks/gpu/issue7.sh w8        W8A16 (--quantization int8): its CUDA tests, its tiles at 1/16/64/256 rows
+#                                           (w8a16_probe.py), and the 8B step at batch W8_BATCHES: bf16, int8
+#                                           with the kernel up to 256 rows on the probe's tiles, A B A B
 #   bash benchmarks/gpu/issue7.sh plan      all of the above that item 4 still needs, in order, under DEADLINE
 #   bash benchmarks/gpu/issue7.sh fp8-kv    offline throughput 1000 x 512 -> 256, bf16 vs fp8 (and fp8
 #                                           with an fp8 KV cache); the
@@ -203,6 +206,31 @@ big)
     step "8B decode step, bf16 again"; blat bf16-2
     step "8B decode step, int4, the kernel up to 256 rows, again"; kernel int4-kernel-2
     ;;
+w8)
+    # W8A16: the kernel on tiled K with split sums and tl.dot past one row, up to 256 rows
+    # (NEXTOK_W8A16_ROWS) on the probe's tiles, against bf16. KERNEL_ROWS is read off the steps.
+    step "CUDA tests: W8A16"
+    run_for ${T_TESTS:-90} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_quant_linear.py \
+        -k "w8a16" > "$OUT/w8-tests.txt" 2>&1
+    grep -E "^E  .*(Mismatch|Greatest)|^(FAILED|ERROR)|passed|failed" "$OUT/w8-tests.txt" | tail -12
+    step "W8A16 tiles at ${PROBE_ROWS:-1,16,64,256} rows, Llama-3.1-8B layer shapes"
+    run_for ${T_PROBE:-150} python3 benchmarks/gpu/w8a16_probe.py "$OUT/w8a16-probe.json" "$OUT/w8a16-table.json" \
+        2>&1 | grep -v "^  " | tail -22
+    wlat() {  # $1: label, then extra flags
+        local label=$1; shift
+        run_for ${T_LAT:-100} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes ${W8_BATCHES:-1,16,64,256} \
+            --repeats 1 --cuda-graph-max-batch 256 "$@" --output "$OUT/latency-llama-8b-w8-$label.json" 2>&1 \
+            | grep -v Warning | tail -6
+    }
+    int8() {
+        NEXTOK_W8A16_ROWS=256 NEXTOK_W8A16_CONFIGS=$( [ -f "$OUT/w8a16-table.json" ] && echo "$OUT/w8a16-table.json") \
+            wlat "$@" --quantization int8
+    }
+    step "8B decode step at batch ${W8_BATCHES:-1,16,64,256}, bf16"; wlat bf16-1
+    step "8B decode step, int8, the kernel up to 256 rows"; int8 int8-kernel-1
+    step "8B decode step, bf16 again"; wlat bf16-2
+    step "8B decode step, int8, the kernel up to 256 rows, again"; int8 int8-kernel-2
+    ;;
 plan)
     # What item 4 still needs, most needed first, under one call's deadline (DEADLINE=S; a step
     # that would not finish is skipped). On an H200: the CUDA tests of the fp8 cache's decode on
@@ -223,7 +251,7 @@ plan)
     TP_RUNS="bf16 fp8kv" KV_KINDS="" T_TP=100 bash "$0" fp8-kv
     ;;
 *)
-    echo "usage: $0 w4a16|gguf|tests|lat256|decode|kernels|fp8-kv|rows|big|plan" >&2
+    echo "usage: $0 w4a16|gguf|tests|lat256|decode|kernels|fp8-kv|rows|big|w8|plan" >&2
     exit 2
     ;;
 esac

@@ -61,9 +61,9 @@ def bias_parameter(bias: torch.Tensor | None) -> nn.Parameter | None:
 
 @functools.cache
 def triton_gemv_rows() -> int:
-    """Rows up to which a quantized layer's CUDA step runs the W4A16 / W8A16 Triton kernels
-    (kernels/triton/quant_linear.py); 0 without triton (the torch path takes every step).
-    Decided once: the layers ask on every call."""
+    """The most rows the W8A16 Triton kernel takes (kernels/triton/quant_linear.py); 0 without
+    triton (the torch path takes every step). The layers take their own limits below it
+    (w4a16_tiles, w8a16_tiles). Decided once: the layers ask on every call."""
     try:
         from nextok.kernels.triton.quant_linear import MAX_ROWS
     except ImportError:

@@ -8,12 +8,15 @@ below holds exactly the same dequantized weights.
   (a float16 scale and 32 int8 values) with the channel's scale in every block of its row, and
   run through the GGUF block kernels (kernels/cpu_gguf_linear.py): read directly by steps of up
   to 8 rows, dequantized into a scratch matrix for bigger ones. 34 bytes per 32 weights.
-- Elsewhere (CUDA, odd shapes): int8 [out, in] and the scales. On CUDA steps of up to 16 rows
-  run the Triton W8A16 kernel (kernels/triton/quant_linear.py): y = (x @ q.T) * scale with the
-  product accumulated in float32. Bigger steps, and other devices, take (x @ q.T) * scale in x's
-  dtype, where integers up to 127 are exact; that converts the weight on every call.
+- Elsewhere (CUDA, odd shapes): int8 [out, in] and the scales. On CUDA steps of up to
+  w8a16_tiles.kernel_rows() rows run the Triton W8A16 kernel (kernels/triton/quant_linear.py):
+  y = (x @ q.T) * scale with the product accumulated in float32. Bigger steps, and other
+  devices, take (x @ q.T) * scale in x's dtype, where integers up to 127 are exact; that
+  converts the weight on every call.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -21,6 +24,16 @@ from torch import nn
 from nextok.quant.base import QuantMethod, bias_parameter, triton_gemv_rows
 
 Q8_0 = 8  # ggml's type id for Q8_0 blocks
+
+
+@functools.cache
+def _kernel_rows() -> int:
+    """Rows up to which a CUDA step runs the W8A16 kernel (0 without triton)."""
+    if not triton_gemv_rows():
+        return 0
+    from nextok.kernels.triton.w8a16_tiles import kernel_rows
+
+    return kernel_rows()
 
 
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,7 +68,7 @@ class Int8Linear(nn.Module):
         self.bias = bias_parameter(bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and x.shape[0] <= triton_gemv_rows():
+        if x.is_cuda and x.shape[0] <= _kernel_rows() and x.dtype in (torch.bfloat16, torch.float16):
             from nextok.kernels.triton.quant_linear import w8a16
 
             return w8a16(x if x.stride(-1) == 1 else x.contiguous(), self.qweight, self.scale,

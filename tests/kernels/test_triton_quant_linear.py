@@ -387,15 +387,66 @@ def test_dequantize_in_one_pass_equals_the_torch_path(dtype, shape):
         dequantize(torch.zeros(2, 6, dtype=torch.int32, device=DEVICE), dm, dm, dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16] + ([] if CUDA else [torch.float32]))
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("rows", W4_ROWS)
 def test_w8a16(dtype, shape, rows):
+    """The W8A16 kernel at 1 row (the CUDA-core loop), 3-16 (tl.dot, padded to 16 rows), 40 (in
+    blocks of rows) and on CUDA 100 and 256 (its row classes past 64): (x @ q.T) * scale in
+    float32, rounded once."""
     n, k, _ = shape
     w, x, b = _data(dtype, n, k, rows)
     q, scale = quantize_per_channel(w)
     want = (x.float() @ dequantize(q, scale).to(DEVICE).T + b.float()).to(dtype)
     _close(w8a16(x, q.to(DEVICE), scale.to(DEVICE), b), want)
+    _close(w8a16(x, q.to(DEVICE), scale.to(DEVICE)), (want.float() - b.float()).to(dtype))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_w8a16_tile_options_give_the_same_products(monkeypatch, rows):
+    """Each of the W8A16 kernel's options gives the default's products: the CUDA-core loop at
+    more than one row (a program a row), tl.dot in blocks of 16 and of 64 rows, K split 3 ways
+    (not in whole steps of BK) and BK of 64."""
+    from nextok.kernels.triton import w8a16_tiles
+
+    n, k, _ = SHAPES[0]
+    w, x, b = _data(torch.bfloat16, n, k, rows)
+    q, scale = quantize_per_channel(w)
+    want = (x.float() @ dequantize(q, scale).to(DEVICE).T + b.float()).to(torch.bfloat16)
+    base = dict(BLOCK_N=64 if CUDA else 16, BK=128 if CUDA else 32, num_warps=4, num_stages=3 if CUDA else 1)
+    for opts in (dict(DOT=0, BLOCK_M=1), dict(DOT=1, BLOCK_M=16), dict(DOT=1, BLOCK_M=64, SPLIT=3),
+                 dict(DOT=int(rows > 1), BLOCK_M=16, SPLIT=3, BK=64 if CUDA else 16)):
+        monkeypatch.setattr(w8a16_tiles, "_OVERRIDE", dict(base, **opts))
+        _close(w8a16(x, q.to(DEVICE), scale.to(DEVICE), b), want)
+
+
+def test_w8a16_tiles_per_row_class(monkeypatch):
+    """A GPU's table gives the tile of the row class (1, 2-16, 17-64, 65-256 rows), else the
+    default; an untuned split of K brings the grid near PROGRAMS; NEXTOK_W8A16_ROWS moves the
+    rows Int8Linear sends the kernel, checked."""
+    from nextok.errors import NextokError
+    from nextok.kernels.triton import w8a16_tiles as t
+
+    table = {"4096x4096": {"16": dict(DOT=1, BLOCK_M=16, BLOCK_N=128, BK=64, num_warps=8, num_stages=3, SPLIT=2)}}
+    monkeypatch.setattr(t, "_tuned", lambda name: table)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
+    gpu = torch.device("cuda")
+    assert t.config(9, 4096, 4096, gpu) == table["4096x4096"]["16"]
+    one = t.config(1, 4096, 4096, gpu)  # the default: 64 tiles of N, split 4 ways -> 256 programs
+    assert (one["DOT"], one["BLOCK_M"], one["SPLIT"]) == (0, 1, 4)
+    assert t.config(1, 28672, 4096, gpu)["SPLIT"] == 1  # 448 tiles already
+    assert t.config(200, 4096, 4096, gpu)["BLOCK_M"] == t.DEFAULT_TILES["256"]["BLOCK_M"]
+    assert t.config(3, 64, 256, gpu)["SPLIT"] == 1  # K too short to split into 4 steps of BK
+    for value, want in (("", t.KERNEL_ROWS), ("256", 256), ("1", 1)):
+        monkeypatch.setenv("NEXTOK_W8A16_ROWS", value)
+        t.kernel_rows.cache_clear()
+        assert t.kernel_rows() == want
+    for value in ("257", "0", "many"):
+        monkeypatch.setenv("NEXTOK_W8A16_ROWS", value)
+        t.kernel_rows.cache_clear()
+        with pytest.raises(NextokError, match="NEXTOK_W8A16_ROWS"):
+            t.kernel_rows()
+    t.kernel_rows.cache_clear()
 
 
 def test_int4_linear_runs_the_kernel_or_the_torch_path_alike():

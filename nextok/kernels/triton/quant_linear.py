@@ -1,16 +1,19 @@
-"""W8A16 for decode-sized steps: a Triton kernel that dequantizes int8 weights in registers, so
-each step reads half of bf16's bytes. (W4A16 has its own kernel: kernels/triton/w4a16.py.)
+"""W8A16 for decode-sized steps: y [M, N] = x [M, K] @ W.T (+ bias), M <= MAX_ROWS, with W held as
+q int8 [N, K] and one scale float16 [N] per row: W = scale * q (quant/int8.py). (W4A16 has its own
+kernels: kernels/triton/w4a16.py.)
 
-y [M, N] = x [M, K] @ W.T (+ bias), M <= MAX_ROWS, with W held as q int8 [N, K] and one scale
-float16 [N] per row: W = scale * q (quant/int8.py).
+Per-row scales come out of the sum, y[:, n] = scale[n] * (x @ q[n]), so the loop multiplies by
+q itself: an int8 is exact in bfloat16 and float16, and turning it into x's dtype is the whole
+dequantization. A program takes BLOCK_M rows of x, BLOCK_N rows of W and a SPLIT-th of K (the
+grid and the split sums are the W4A16 kernels': split_k.py), and walks its K in tiles of BK
+columns.
+- DOT: tl.dot on the tensor cores, rows padded to BLOCK_M (>= 16).
+- Else (one row): on the CUDA cores, a [BLOCK_N, BK] float32 sum of products per lane, reduced
+  once at the end.
 
-One program: BLOCK_N rows of W, all of K, for all M rows of x. One row of x: multiply and sum on
-CUDA cores; more: tl.dot with the rows padded to 16. Bigger steps (prefill) dequantize the
-whole weight once and call cuBLAS (quant/int8.py).
-
-Measured on the H200 (benchmarks/gpu/quant_linear_probe.py, 2026-12-04): correct, not fast: one
-8B layer at batch 1 takes 251 us against 146 us for bf16 cuBLAS (each program moves too few bytes
-per iteration); the W4A16 kernel's layout and tiles are the way to fix it.
+The first kernel (2026-12-04) took one program per 16 rows of W over all of K, in float32: one
+8B layer at batch 1 took 251 us on an H200 against 146 us for bf16 cuBLAS, as it kept too few
+bytes in flight. Tiles: w8a16_tiles.py.
 """
 from __future__ import annotations
 
@@ -19,82 +22,84 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-MAX_ROWS = 16
+from nextok.kernels.triton import pdl
+from nextok.kernels.triton.pdl import pdl_wait
+from nextok.kernels.triton.split_k import store_split_k
+from nextok.kernels.triton.w4a16_dot import _dot, _in_split
+
+MAX_ROWS = 256  # past it (prefill) quant/int8.py converts the whole weight and runs cuBLAS
 
 
 @triton.jit
-def _dot(acc, a, w, USE_DOT: tl.constexpr, INTERPRET: tl.constexpr):
-    # a: [BLOCK_M, BK] in x's dtype; w: [BLOCK_N, BK] float32 (int8 values, exact). One return:
-    # Triton compiles every return of a jitted function, constexpr branches or not.
-    if USE_DOT:
-        if INTERPRET:  # the interpreter's tl.dot multiplies bfloat16's raw bits
-            out = acc + tl.dot(a.to(tl.float32), tl.trans(w), input_precision="ieee")
-        else:
-            out = acc + tl.dot(a, tl.trans(w.to(a.dtype)), input_precision="ieee")
-    else:
-        out = acc + w * a.to(tl.float32)  # [BLOCK_N, BK] partial sums; a is one row
-    return out
-
-
-@triton.jit
-def _quant_linear_kernel(x_ptr, q_ptr, d_ptr, b_ptr, y_ptr, M, N, s_xm, s_ym, K: tl.constexpr,
-                         HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+def _w8a16_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, s_xm, s_ym,
+                  HAS_BIAS: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
+                  IEEE: tl.constexpr, INTERPRET: tl.constexpr, K_INTERPRET: tl.constexpr):
+    # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),). x [M, K] unit-stride rows; q [N, K]
+    # int8 row-major; s [N]; y [M, N]. K is a runtime argument: the interpreter, which cannot
+    # loop to a bound made from program_id, walks all of K (K_INTERPRET) masking the columns
+    # outside the program's split.
+    pdl_wait(PDL)
+    mb = tl.cdiv(M, BLOCK_M)
+    rblock = tl.program_id(0) % mb
+    split = (tl.program_id(0) // mb) % SPLIT
+    tile = tl.program_id(0) // (mb * SPLIT)
+    n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
-    rows = tl.arange(0, BLOCK_M)
+    rows = rblock * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
-    HALF: tl.constexpr = BLOCK_K // 2
-    if USE_DOT:
+    c = tl.arange(0, BK)
+    per_split = tl.cdiv(tl.cdiv(K, SPLIT), BK) * BK
+    k_first = split * per_split
+    k_hi = tl.minimum(k_first + per_split, K)
+    if DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
-        acc = tl.zeros([BLOCK_N, HALF], dtype=tl.float32)
-    t = tl.arange(0, HALF)
-    scale = tl.load(d_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        c_lo = k0 + t  # the tile's two halves
-        c_hi = c_lo + HALF
-        w_lo = tl.load(q_ptr + n[:, None] * K + c_lo[None, :], mask=n_ok[:, None] & (c_lo < K)[None, :],
-                       other=0).to(tl.float32)
-        w_hi = tl.load(q_ptr + n[:, None] * K + c_hi[None, :], mask=n_ok[:, None] & (c_hi < K)[None, :],
-                       other=0).to(tl.float32)
-        x_lo = tl.load(x_ptr + rows[:, None] * s_xm + c_lo[None, :], mask=row_ok[:, None] & (c_lo < K)[None, :],
-                       other=0.0)
-        x_hi = tl.load(x_ptr + rows[:, None] * s_xm + c_hi[None, :], mask=row_ok[:, None] & (c_hi < K)[None, :],
-                       other=0.0)
-        acc = _dot(acc, x_lo, w_lo, USE_DOT, INTERPRET)
-        acc = _dot(acc, x_hi, w_hi, USE_DOT, INTERPRET)
-    if not USE_DOT:
-        acc = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
-    acc = acc * scale[None, :]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rows[:, None] * s_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & n_ok[None, :])
+        acc = tl.zeros([BLOCK_N, BK], dtype=tl.float32)
+    dtype = tl.float32 if IEEE else x_ptr.dtype.element_ty
+    for k0 in range(0 if INTERPRET else k_first, K_INTERPRET if INTERPRET else k_hi, BK):
+        col = k0 + c  # [BK]
+        col_ok = _in_split(col, k_first, k_hi, INTERPRET)
+        w = tl.load(q_ptr + n[:, None] * K + col[None, :], mask=n_ok[:, None] & col_ok[None, :],
+                    other=0)  # [BLOCK_N, BK] int8
+        if DOT:
+            a = tl.load(x_ptr + rows[:, None] * s_xm + col[None, :], mask=row_ok[:, None] & col_ok[None, :],
+                        other=0.0)  # [BLOCK_M, BK]
+            acc = _dot(acc, a, w.to(dtype), IEEE)
+        else:
+            a = tl.load(x_ptr + rblock * s_xm + col, mask=col_ok, other=0.0)  # [BK], row rblock
+            acc += w.to(tl.float32) * a.to(tl.float32)[None, :]
+    if DOT:
+        out = acc
+    else:
+        out = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]; BLOCK_M is 1
+    out = out * tl.load(s_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    store_split_k(out, part_ptr, count_ptr, b_ptr, y_ptr, rows, row_ok, n, n_ok, M, N, s_ym, split,
+                  tile * mb + rblock, SPLIT, HAS_BIAS, BLOCK_M, BLOCK_N)
 
 
-INTERPRETED = not isinstance(_quant_linear_kernel, JITFunction)
-
-
-def _config(m: int, device: torch.device) -> dict:
-    if device.type != "cuda":
-        return dict(USE_DOT=m > 1, BLOCK_M=1 if m == 1 else 16, BLOCK_N=16, BLOCK_K=64,
-                    num_warps=4, num_stages=1)
-    if m == 1:
-        return dict(USE_DOT=False, BLOCK_M=1, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=4)
-    return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=4)
+INTERPRETED = not isinstance(_w8a16_kernel, JITFunction)
 
 
 def w8a16(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
           bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] @ (scale * q).T: q int8 [N, K], scale float16 [N]."""
+    """x [M, K] @ (scale * q).T (+ bias): q int8 [N, K], scale float16 [N]."""
+    from nextok.kernels.triton import w8a16_tiles
+    from nextok.kernels.triton.w4a16 import _scratch
+
     rows, (n, k) = x.shape[0], q.shape
-    if rows > MAX_ROWS or x.stride(-1) != 1:
-        raise ValueError(f"W8A16 takes <= {MAX_ROWS} unit-stride rows")
+    if rows > MAX_ROWS or x.stride(-1) != 1 or x.shape[1] != k or not q.is_contiguous():
+        raise ValueError(f"W8A16 takes <= {MAX_ROWS} unit-stride rows of K columns and a contiguous "
+                         f"int8 weight [N, K]; got x {list(x.shape)}, weight {list(q.shape)}")
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if rows:
-        cfg = _config(rows, x.device)
-        _quant_linear_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
-            x, q, scale, bias if bias is not None else scale, y, rows, n, x.stride(0), y.stride(0),
-            K=k, HAS_BIAS=bias is not None, INTERPRET=INTERPRETED, **cfg)
+        cfg = w8a16_tiles.config(rows, n, k, x.device)
+        tiles, mb = triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(rows, cfg["BLOCK_M"])
+        part, count = _scratch(x.device, cfg["SPLIT"] * rows * n, tiles * mb)
+        use_pdl = pdl.enabled(x.device)
+        _w8a16_kernel[(tiles * cfg["SPLIT"] * mb,)](
+            x, q, scale, bias if bias is not None else scale, y, part, count, rows, n, k, x.stride(0),
+            y.stride(0), HAS_BIAS=bias is not None, PDL=use_pdl, launch_pdl=use_pdl,
+            IEEE=INTERPRETED or x.dtype == torch.float32, INTERPRET=INTERPRETED,
+            K_INTERPRET=k if INTERPRETED else 0, **cfg)
     return y

@@ -1,0 +1,91 @@
+"""Which tiles the W8A16 kernel (quant_linear.py) runs with, per GPU, shape and number of rows.
+
+Tuned tiles per GPU: {"<N>x<K>": {row class: tile}}, a tile: BLOCK_N, BK (columns a step),
+num_warps, num_stages, BLOCK_M (rows a program; 1 with DOT 0), DOT (tl.dot, else the one-row
+CUDA-core loop) and SPLIT (programs a tile of W splits K over), written by
+benchmarks/gpu/w8a16_probe.py to configs/w8a16_<gpu>.json; NEXTOK_W8A16_CONFIGS names another
+table. A shape or row class the table lacks takes DEFAULT_TILES, with K split so that the grid
+makes about two programs an SM.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import torch
+import triton
+
+ROW_CLASSES = ("1", "16", "64", "256")  # 1, 2-16, 17-64, 65-256 rows
+# Steps of up to KERNEL_ROWS rows run the kernel (Int8Linear), bigger ones convert the whole
+# weight to x's dtype and run cuBLAS. NEXTOK_W8A16_ROWS (1..MAX_ROWS) moves it.
+KERNEL_ROWS = 16
+DEFAULT_TILES = {  # (not timed yet: the first guess, from the SASS of each counted on the CPU)
+    "1": dict(DOT=0, BLOCK_M=1, BLOCK_N=64, BK=128, num_warps=4, num_stages=4),
+    "16": dict(DOT=1, BLOCK_M=16, BLOCK_N=64, BK=128, num_warps=4, num_stages=4),
+    "64": dict(DOT=1, BLOCK_M=64, BLOCK_N=64, BK=128, num_warps=4, num_stages=3),
+    "256": dict(DOT=1, BLOCK_M=64, BLOCK_N=128, BK=64, num_warps=8, num_stages=3)}
+PROGRAMS = 256  # the grid an untuned shape's split of K aims at (an H100 has 132 SMs)
+_OVERRIDE: dict | None = None  # benchmarks/gpu/w8a16_probe.py sets tiles to sweep them
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
+
+
+def set_config(cfg: dict | None) -> None:
+    global _OVERRIDE
+    _OVERRIDE = cfg
+
+
+@functools.cache
+def _tuned(device_name: str) -> dict:
+    path = os.environ.get("NEXTOK_W8A16_CONFIGS") or os.path.join(
+        CONFIG_DIR, "w8a16_" + device_name.replace("NVIDIA ", "").replace(" ", "_").lower() + ".json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+@functools.cache
+def kernel_rows() -> int:
+    """KERNEL_ROWS, or NEXTOK_W8A16_ROWS within 1..quant_linear.MAX_ROWS. Decided once a process."""
+    from nextok.errors import NextokError
+    from nextok.kernels.triton.quant_linear import MAX_ROWS
+
+    value = os.environ.get("NEXTOK_W8A16_ROWS", "")
+    if not value:
+        return KERNEL_ROWS
+    if not value.isdigit() or not 1 <= int(value) <= MAX_ROWS:
+        raise NextokError(f"NEXTOK_W8A16_ROWS must be a whole number from 1 to {MAX_ROWS}, not {value!r}")
+    return int(value)
+
+
+def row_class(m: int) -> str:
+    return next(c for c in ROW_CLASSES if m <= int(c))
+
+
+def _split(tile: dict, m: int, n: int, k: int) -> int:
+    """K's split for an untuned shape: the power of two that brings the grid nearest PROGRAMS
+    from below, at most 8, and never into pieces of under 4 steps of BK."""
+    programs = triton.cdiv(n, tile["BLOCK_N"]) * triton.cdiv(m, tile["BLOCK_M"])
+    split = 1
+    while split < 8 and programs * split * 2 <= PROGRAMS and k // (2 * split) >= 4 * tile["BK"]:
+        split *= 2
+    return split
+
+
+def config(m: int, n: int, k: int, device: torch.device) -> dict:
+    """The tile for m rows of x and a weight [n, k]: a probe's (set_config), the GPU's table,
+    else DEFAULT_TILES; in the interpreter small tiles, K split 2 ways where N is small."""
+    if _OVERRIDE is not None:
+        tile = _OVERRIDE
+    elif device.type != "cuda":
+        tile = dict(DOT=int(m > 1), BLOCK_M=16, BLOCK_N=16, BK=32, num_warps=4, num_stages=1,
+                    SPLIT=2 if n <= 32 else 1)
+    else:
+        cls = row_class(m)
+        tile = _tuned(torch.cuda.get_device_name(device)).get(f"{n}x{k}", {}).get(cls) or DEFAULT_TILES[cls]
+    # tl.dot takes blocks of >= 16 rows, the CUDA-core loop one row a program
+    tile = dict(tile, BLOCK_M=max(16, tile["BLOCK_M"]) if tile["DOT"] else 1)
+    if tile.get("SPLIT") is None:
+        tile["SPLIT"] = _split(tile, m, n, k)
+    return tile
