@@ -240,7 +240,7 @@ plan)
     # row took ~50 s on an H100, at 4 and 8 rows ~100 s.) Elsewhere (the H100 has those figures,
     # 2026-12-06-late-h100.md): `rows`, W4A16 at 16-64 rows on the tl.dot kernel's new options.
     if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        bash "$0" rows
+        bash "$0" ${PLAN_ELSE:-rows}  # another card: PLAN_ELSE (rows, big, w8, ...)
         exit
     fi
     Q=tests/kernels/test_triton_quant_linear.py
