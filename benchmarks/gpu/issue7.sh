@@ -18,8 +18,8 @@
 #                                           with the kernel up to 64 rows (NEXTOK_W4A16_ROWS) on the probe's tiles
 #   bash benchmarks/gpu/issue7.sh big       W4A16 at 65-256 rows (past KERNEL_ROWS): CUDA tests at 100 and 256 rows,
 #                                           the tl.dot probe at 128 and 256 rows, and the 8B step at batch
-#                                           64/128/256: bf16, int4 as committed (dequantize + cuBLAS past 64),
-#                                           int4 with the kernel up to 256 rows on the probe's tiles, A B A B
+#                                           128/256: bf16 and int4 with the kernel up to 256 rows on the
+#                                           probe's tiles, A B A B, then int4 as committed (dequantize + cuBLAS)
 #   bash benchmarks/gpu/issue7.sh w8        W8A16 (--quantization int8): its CUDA tests, its tiles at 1/16/64/256 rows
 #                                           (w8a16_probe.py), and the 8B step at batch W8_BATCHES: bf16, int8
 #                                           with the kernel up to 256 rows on the probe's tiles, A B A B
@@ -192,7 +192,7 @@ big)
         "$OUT/w4a16-big-table.json" 2>&1 | grep -v "^  " | tail -10
     blat() {  # $1: label, then extra flags
         local label=$1; shift
-        run_for ${T_LAT:-100} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes ${BIG_BATCHES:-64,128,256} \
+        run_for ${T_LAT:-100} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes ${BIG_BATCHES:-128,256} \
             --repeats 1 --cuda-graph-max-batch 256 "$@" --output "$OUT/latency-llama-8b-big-$label.json" 2>&1 \
             | grep -v Warning | tail -6
     }
@@ -200,11 +200,11 @@ big)
         NEXTOK_W4A16_ROWS=256 NEXTOK_W4A16_CONFIGS=$( [ -f "$OUT/w4a16-big-table.json" ] && echo "$OUT/w4a16-big-table.json") \
             blat "$@" --quantization int4
     }
-    step "8B decode step at batch ${BIG_BATCHES:-64,128,256}, bf16"; blat bf16-1
-    step "8B decode step, int4 as committed (dequantize + cuBLAS past 64 rows)"; blat int4-committed --quantization int4
+    step "8B decode step at batch ${BIG_BATCHES:-128,256}, bf16"; blat bf16-1
     step "8B decode step, int4, the kernel up to 256 rows"; kernel int4-kernel-1
     step "8B decode step, bf16 again"; blat bf16-2
     step "8B decode step, int4, the kernel up to 256 rows, again"; kernel int4-kernel-2
+    step "8B decode step, int4 as committed (dequantize + cuBLAS past 64 rows)"; blat int4-committed --quantization int4
     ;;
 w8)
     # W8A16: the kernel on tiled K with split sums and tl.dot past one row, up to 256 rows
