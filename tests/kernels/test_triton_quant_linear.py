@@ -162,15 +162,23 @@ def test_untuned_shapes_split_k_by_their_number_of_tiles():
 
 
 def test_committed_tile_tables_are_well_formed():
-    """Every tuned table (kernels/triton/configs, written by benchmarks/gpu/w4a16_probe.py):
-    shapes "NxK", row classes 1/4/8 (dp4a, or "dot") and 16-256 (tl.dot), tiles the kernels
-    take on tiled words."""
+    """Every tuned table (kernels/triton/configs, written by benchmarks/gpu/w4a16_probe.py and
+    w8a16_probe.py): shapes "NxK"; W4A16's row classes 1/4/8 (dp4a, or "dot") and 16-256
+    (tl.dot), tiles the kernels take on tiled words; W8A16's row classes and whole tiles."""
     import glob
     import json
     import os
 
-    from nextok.kernels.triton import w4a16_tiles
+    from nextok.kernels.triton import w4a16_tiles, w8a16_tiles
 
+    for path in glob.glob(os.path.join(w4a16_tiles.CONFIG_DIR, "w8a16_*.json")):  # W8A16's: per row class
+        with open(path) as f:
+            for shape, entry in json.load(f).items():
+                assert len(shape.split("x")) == 2 and set(entry) <= set(w8a16_tiles.ROW_CLASSES), path
+                for tile in entry.values():
+                    assert set(tile) == {"DOT", "BLOCK_M", "BLOCK_N", "BK", "num_warps", "num_stages", "SPLIT"}, path
+                    assert tile["DOT"] in (0, 1) and tile["BLOCK_M"] in ((16, 32, 64, 128) if tile["DOT"] else (1,)), path
+                    assert tile["SPLIT"] in (1, 2, 4, 8), path
     paths = glob.glob(os.path.join(w4a16_tiles.CONFIG_DIR, "w4a16_*.json"))
     assert any(p.endswith("w4a16_h200.json") for p in paths)
     for path in paths:
@@ -433,7 +441,10 @@ def test_w8a16_tiles_per_row_class(monkeypatch):
     gpu = torch.device("cuda")
     assert t.config(9, 4096, 4096, gpu) == table["4096x4096"]["16"]
     one = t.config(1, 4096, 4096, gpu)  # the default: 64 tiles of N, split 4 ways -> 256 programs
-    assert (one["DOT"], one["BLOCK_M"], one["SPLIT"]) == (0, 1, 4)
+    assert one == dict(t.DEFAULT_TILES["1"], SPLIT=4)
+    monkeypatch.setitem(table, "4096x4096", {"1": dict(DOT=0, BLOCK_M=16, BLOCK_N=32, BK=256, num_warps=4,
+                                                       num_stages=4, SPLIT=1)})
+    assert t.config(1, 4096, 4096, gpu)["BLOCK_M"] == 1  # the CUDA-core loop: one row a program
     assert t.config(1, 28672, 4096, gpu)["SPLIT"] == 1  # 448 tiles already
     assert t.config(200, 4096, 4096, gpu)["BLOCK_M"] == t.DEFAULT_TILES["256"]["BLOCK_M"]
     assert t.config(3, 64, 256, gpu)["SPLIT"] == 1  # K too short to split into 4 steps of BK

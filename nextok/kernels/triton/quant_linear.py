@@ -13,7 +13,10 @@ columns.
 
 The first kernel (2026-12-04) took one program per 16 rows of W over all of K, in float32: one
 8B layer at batch 1 took 251 us on an H200 against 146 us for bf16 cuBLAS, as it kept too few
-bytes in flight. Tiles: w8a16_tiles.py.
+bytes in flight. This one, on an H100 (2026-12-06-w8a16-h100.md; tiles: w8a16_tiles.py): one 8B
+layer 92.7 / 91.3 / 133.6 / 334.1 us at 1 / 16 / 64 / 256 rows against bf16's 149.1 / 161.2 /
+163.9 / 200.3 (gate_up at one row reads 2.44 TB/s); the 8B step 3.88 ms against 5.60 at batch
+1, 13.9 against 11.2 at batch 256 (there the conversion, once per block of rows, is the cost).
 """
 from __future__ import annotations
 

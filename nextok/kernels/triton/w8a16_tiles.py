@@ -17,14 +17,19 @@ import torch
 import triton
 
 ROW_CLASSES = ("1", "16", "64", "256")  # 1, 2-16, 17-64, 65-256 rows
-# Steps of up to KERNEL_ROWS rows run the kernel (Int8Linear), bigger ones convert the whole
-# weight to x's dtype and run cuBLAS. NEXTOK_W8A16_ROWS (1..MAX_ROWS) moves it.
-KERNEL_ROWS = 16
-DEFAULT_TILES = {  # (not timed yet: the first guess, from the SASS of each counted on the CPU)
-    "1": dict(DOT=0, BLOCK_M=1, BLOCK_N=64, BK=128, num_warps=4, num_stages=4),
+# Steps of up to KERNEL_ROWS rows run the kernel (Int8Linear), bigger ones (prefill) convert the
+# whole weight to x's dtype and run cuBLAS. At 1, 16, 64 and 256 rows one 8B layer took 92.7,
+# 91.3, 133.6 and 334.1 us on the kernel against 767-841 us converted (H100, 2026-12-06,
+# 2026-12-06-w8a16-h100.md). NEXTOK_W8A16_ROWS (1..MAX_ROWS) moves it.
+KERNEL_ROWS = 256
+# Where the GPU has no table: the tile that was best at most of the 8B shapes per row class in
+# the H100's sweep, K split by _split (which gave the best split at 15 of its 16 points). One
+# row takes tl.dot too, padded to 16 rows: faster than the CUDA-core loop at 3 of 4 shapes.
+DEFAULT_TILES = {
+    "1": dict(DOT=1, BLOCK_M=16, BLOCK_N=64, BK=128, num_warps=4, num_stages=4),
     "16": dict(DOT=1, BLOCK_M=16, BLOCK_N=64, BK=128, num_warps=4, num_stages=4),
     "64": dict(DOT=1, BLOCK_M=64, BLOCK_N=64, BK=128, num_warps=4, num_stages=3),
-    "256": dict(DOT=1, BLOCK_M=64, BLOCK_N=128, BK=64, num_warps=8, num_stages=3)}
+    "256": dict(DOT=1, BLOCK_M=128, BLOCK_N=64, BK=64, num_warps=8, num_stages=3)}
 PROGRAMS = 256  # the grid an untuned shape's split of K aims at (an H100 has 132 SMs)
 _OVERRIDE: dict | None = None  # benchmarks/gpu/w8a16_probe.py sets tiles to sweep them
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
