@@ -21,8 +21,8 @@ import torch
 
 # (decode rows, tokens of a chunk that continues a cached prefix, tokens of a fresh chunk).
 # Their totals (2, 3, 5, 8, 9, 12, 16, 17, 24, 32, 40, 48, 80, 92, 144, 156) cover 1..8-row
-# kernels, the tl.dot W4A16 row classes (9-16, 17-32, 33-64, 65-128, 129-256 rows: the last two
-# with NEXTOK_W4A16_ROWS) in each integer class of the token count (a multiple of 16 or not:
+# kernels, the tl.dot W4A16 row classes (9-16, 17-32, 33-64, 65-128, 129-256 rows; W8A16's are
+# 1, 2-16, 17-64 and 65-256) in each integer class of the token count (a multiple of 16 or not:
 # Triton compiles each apart), and the larger paths (1 is a decode step: CUDA graphs, or the
 # first of these on an engine without them). 40 was added when W4A16 took 17-64 rows to tl.dot:
 # the first int4 batch-32 prefill of each fresh H100 process then took 0.6-2.6 s, later ones

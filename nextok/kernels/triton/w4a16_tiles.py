@@ -26,11 +26,12 @@ import triton
 
 DP4A_ROWS = 8  # up to this many rows the dp4a kernel, above it the tl.dot one
 # Steps of up to KERNEL_ROWS rows run these kernels (Int4Linear); bigger ones dequantize the
-# whole weight (int4_words.dequantize) and run cuBLAS. NEXTOK_W4A16_ROWS (8-64) moves it. At 16,
-# 32 and 64 rows the tl.dot kernel with PAIRS took 0.28-0.51x the time of dequantize + cuBLAS,
-# and 0.70-1.02x bf16's, at every 8B shape on an H100 (2026-12-06-rows-pairs-h100.md); without
-# PAIRS and JOIN it was slower than dequantize + cuBLAS past 32 rows, and this was 16.
-KERNEL_ROWS = 64
+# whole weight (int4_words.dequantize) and run cuBLAS. NEXTOK_W4A16_ROWS (8-256) moves it. On an
+# H100 at every 8B shape the tl.dot kernel with PAIRS took 0.28-0.51x the time of dequantize +
+# cuBLAS at 16, 32 and 64 rows (2026-12-06-rows-pairs-h100.md), and 0.48-0.60x at 128 rows,
+# 0.78-0.87x at 256 (2026-12-06-rows-256-h100.md); without PAIRS and JOIN it was slower than
+# dequantize + cuBLAS past 32 rows, and this was 16.
+KERNEL_ROWS = 256
 _OVERRIDE: dict | None = None  # benchmarks/gpu/w4a16_probe.py sets tiles to sweep them
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 
@@ -65,8 +66,7 @@ def kernel_rows() -> int:
     return int(value)
 
 
-# tl.dot's row classes: 9-16, 17-32, 33-64, 65-128 and 129-256 rows (past KERNEL_ROWS only with
-# NEXTOK_W4A16_ROWS, or a probe's sweep)
+# tl.dot's row classes: 9-16, 17-32, 33-64, 65-128 and 129-256 rows
 DOT_CLASSES = ("16", "32", "64", "128", "256")
 
 
@@ -88,10 +88,10 @@ DEFAULT_TILES = {"1": dict(BLOCK_N=128, TW=32, num_warps=4, num_stages=3, SPLIT=
                  "16": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=16, JOIN=1, PAIRS=1, SPLIT=4),
                  "32": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=64, JOIN=1, PAIRS=1, SPLIT=2),
                  "64": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=64, JOIN=1, PAIRS=1, SPLIT=2),
-                 # 65-256 rows: "64"'s tile over 2-4 blocks of rows, K split so that an 8B o_proj
-                 # (64 tiles of N) still makes 256 programs (not timed: w4a16_dot_probe.py)
-                 "128": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=64, JOIN=1, PAIRS=1, SPLIT=2),
-                 "256": dict(BLOCK_N=64, TW=16, num_warps=4, num_stages=3, BLOCK_M=64, JOIN=1, PAIRS=1, SPLIT=1)}
+                 # 65-256 rows in blocks of 128: within 1.26x and 1.16x of the best tile at 128 and
+                 # 256 rows at each 8B shape on an H100 (2026-12-06-w4a16-dot-probe-h100-big-6247efd.json)
+                 "128": dict(BLOCK_N=64, TW=16, num_warps=8, num_stages=3, BLOCK_M=128, JOIN=1, PAIRS=1, SPLIT=2),
+                 "256": dict(BLOCK_N=64, TW=16, num_warps=8, num_stages=2, BLOCK_M=128, JOIN=1, PAIRS=1, SPLIT=2)}
 
 
 def _default_tile(cls: str, n: int, k: int) -> dict:
