@@ -32,7 +32,7 @@ SHAPES = ([(6144, 4096, 128), (4096, 14336, 128), (1536, 8960, 64), (28672, 4096
 ROWS = [1, 3, 5, 16]
 W4_ROWS = ROWS + [40]  # 40: tl.dot in blocks of rows (the interpreter: 16 a block)
 if CUDA:
-    W4_ROWS += [100, 256]  # past KERNEL_ROWS (NEXTOK_W4A16_ROWS), in 2 and 4 blocks of 64
+    W4_ROWS += [100, 256]  # tl.dot's row classes "128" and "256" (blocks of 128 rows on an H100)
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (4e-3, 4e-3)}
 
 
@@ -169,9 +169,9 @@ def test_committed_tile_tables_are_well_formed():
     import json
     import os
 
-    from nextok.kernels.triton import w4a16_tiles, w8a16_tiles
+    from nextok.kernels.triton import tile_tables, w4a16_tiles, w8a16_tiles
 
-    for path in glob.glob(os.path.join(w4a16_tiles.CONFIG_DIR, "w8a16_*.json")):  # W8A16's: per row class
+    for path in glob.glob(os.path.join(tile_tables.CONFIG_DIR, "w8a16_*.json")):  # W8A16's: per row class
         with open(path) as f:
             for shape, entry in json.load(f).items():
                 assert len(shape.split("x")) == 2 and set(entry) <= set(w8a16_tiles.ROW_CLASSES), path
@@ -179,7 +179,7 @@ def test_committed_tile_tables_are_well_formed():
                     assert set(tile) == {"DOT", "BLOCK_M", "BLOCK_N", "BK", "num_warps", "num_stages", "SPLIT"}, path
                     assert tile["DOT"] in (0, 1) and tile["BLOCK_M"] in ((16, 32, 64, 128) if tile["DOT"] else (1,)), path
                     assert tile["SPLIT"] in (1, 2, 4, 8), path
-    paths = glob.glob(os.path.join(w4a16_tiles.CONFIG_DIR, "w4a16_*.json"))
+    paths = glob.glob(os.path.join(tile_tables.CONFIG_DIR, "w4a16_*.json"))
     assert any(p.endswith("w4a16_h200.json") for p in paths)
     for path in paths:
         with open(path) as f:
@@ -399,9 +399,9 @@ def test_dequantize_in_one_pass_equals_the_torch_path(dtype, shape):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("rows", W4_ROWS)
 def test_w8a16(dtype, shape, rows):
-    """The W8A16 kernel at 1 row (the CUDA-core loop), 3-16 (tl.dot, padded to 16 rows), 40 (in
-    blocks of rows) and on CUDA 100 and 256 (its row classes past 64): (x @ q.T) * scale in
-    float32, rounded once."""
+    """The W8A16 kernel at 1 row (in the interpreter the CUDA-core loop; on CUDA the GPU's tile),
+    3-16 (tl.dot, padded to 16 rows), 40 (in blocks of rows) and on CUDA 100 and 256 (its row
+    class past 64): (x @ q.T) * scale in float32, rounded once."""
     n, k, _ = shape
     w, x, b = _data(dtype, n, k, rows)
     q, scale = quantize_per_channel(w)
@@ -442,8 +442,7 @@ def test_w8a16_tiles_per_row_class(monkeypatch):
     assert t.config(9, 4096, 4096, gpu) == table["4096x4096"]["16"]
     one = t.config(1, 4096, 4096, gpu)  # the default: 64 tiles of N, split 4 ways -> 256 programs
     assert one == dict(t.DEFAULT_TILES["1"], SPLIT=4)
-    monkeypatch.setitem(table, "4096x4096", {"1": dict(DOT=0, BLOCK_M=16, BLOCK_N=32, BK=256, num_warps=4,
-                                                       num_stages=4, SPLIT=1)})
+    table["4096x4096"] = {"1": dict(DOT=0, BLOCK_M=16, BLOCK_N=32, BK=256, num_warps=4, num_stages=4, SPLIT=1)}
     assert t.config(1, 4096, 4096, gpu)["BLOCK_M"] == 1  # the CUDA-core loop: one row a program
     assert t.config(1, 28672, 4096, gpu)["SPLIT"] == 1  # 448 tiles already
     assert t.config(200, 4096, 4096, gpu)["BLOCK_M"] == t.DEFAULT_TILES["256"]["BLOCK_M"]

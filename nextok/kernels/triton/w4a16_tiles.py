@@ -18,11 +18,11 @@ table; a GPU without one takes DEFAULT_TILES.
 from __future__ import annotations
 
 import functools
-import json
-import os
 
 import torch
 import triton
+
+from nextok.kernels.triton.tile_tables import load_table, rows_limit
 
 DP4A_ROWS = 8  # up to this many rows the dp4a kernel, above it the tl.dot one
 # Steps of up to KERNEL_ROWS rows run these kernels (Int4Linear); bigger ones dequantize the
@@ -33,7 +33,6 @@ DP4A_ROWS = 8  # up to this many rows the dp4a kernel, above it the tl.dot one
 # dequantize + cuBLAS past 32 rows, and this was 16.
 KERNEL_ROWS = 256
 _OVERRIDE: dict | None = None  # benchmarks/gpu/w4a16_probe.py sets tiles to sweep them
-CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 
 
 def set_config(cfg: dict | None) -> None:
@@ -43,27 +42,15 @@ def set_config(cfg: dict | None) -> None:
 
 @functools.cache
 def _tuned(device_name: str) -> dict:
-    path = os.environ.get("NEXTOK_W4A16_CONFIGS") or os.path.join(
-        CONFIG_DIR, "w4a16_" + device_name.replace("NVIDIA ", "").replace(" ", "_").lower() + ".json")
-    if not os.path.isfile(path):
-        return {}
-    with open(path) as f:
-        return json.load(f)
+    return load_table("w4a16", device_name)
 
 
 @functools.cache
 def kernel_rows() -> int:
     """KERNEL_ROWS, or NEXTOK_W4A16_ROWS within 8..w4a16.MAX_ROWS. Decided once per process."""
-    from nextok.errors import NextokError
     from nextok.kernels.triton.w4a16 import MAX_ROWS
 
-    value = os.environ.get("NEXTOK_W4A16_ROWS", "")
-    if not value:
-        return KERNEL_ROWS
-    if not value.isdigit() or not DP4A_ROWS <= int(value) <= MAX_ROWS:
-        raise NextokError(f"NEXTOK_W4A16_ROWS must be a whole number from {DP4A_ROWS} to {MAX_ROWS}, "
-                          f"not {value!r}")
-    return int(value)
+    return rows_limit("w4a16", KERNEL_ROWS, DP4A_ROWS, MAX_ROWS)
 
 
 # tl.dot's row classes: 9-16, 17-32, 33-64, 65-128 and 129-256 rows

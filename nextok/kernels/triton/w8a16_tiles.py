@@ -10,11 +10,11 @@ makes about two programs an SM.
 from __future__ import annotations
 
 import functools
-import json
-import os
 
 import torch
 import triton
+
+from nextok.kernels.triton.tile_tables import load_table, rows_limit
 
 ROW_CLASSES = ("1", "16", "64", "256")  # 1, 2-16, 17-64, 65-256 rows
 # Steps of up to KERNEL_ROWS rows run the kernel (Int8Linear), bigger ones (prefill) convert the
@@ -32,7 +32,6 @@ DEFAULT_TILES = {
     "256": dict(DOT=1, BLOCK_M=128, BLOCK_N=64, BK=64, num_warps=8, num_stages=3)}
 PROGRAMS = 256  # the grid an untuned shape's split of K aims at (an H100 has 132 SMs)
 _OVERRIDE: dict | None = None  # benchmarks/gpu/w8a16_probe.py sets tiles to sweep them
-CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 
 
 def set_config(cfg: dict | None) -> None:
@@ -42,26 +41,15 @@ def set_config(cfg: dict | None) -> None:
 
 @functools.cache
 def _tuned(device_name: str) -> dict:
-    path = os.environ.get("NEXTOK_W8A16_CONFIGS") or os.path.join(
-        CONFIG_DIR, "w8a16_" + device_name.replace("NVIDIA ", "").replace(" ", "_").lower() + ".json")
-    if not os.path.isfile(path):
-        return {}
-    with open(path) as f:
-        return json.load(f)
+    return load_table("w8a16", device_name)
 
 
 @functools.cache
 def kernel_rows() -> int:
     """KERNEL_ROWS, or NEXTOK_W8A16_ROWS within 1..quant_linear.MAX_ROWS. Decided once a process."""
-    from nextok.errors import NextokError
     from nextok.kernels.triton.quant_linear import MAX_ROWS
 
-    value = os.environ.get("NEXTOK_W8A16_ROWS", "")
-    if not value:
-        return KERNEL_ROWS
-    if not value.isdigit() or not 1 <= int(value) <= MAX_ROWS:
-        raise NextokError(f"NEXTOK_W8A16_ROWS must be a whole number from 1 to {MAX_ROWS}, not {value!r}")
-    return int(value)
+    return rows_limit("w8a16", KERNEL_ROWS, 1, MAX_ROWS)
 
 
 def row_class(m: int) -> str:
