@@ -3,9 +3,9 @@ w4a16_tiles.KERNEL_ROWS (dequantize the whole weight, then cuBLAS) and against b
 
     python3 benchmarks/gpu/w4a16_dot_probe.py OUT.json TABLE.json [SHAPES]
 
-For each shape (N x K, groups of 128) and 16, 32 and 64 rows (PROBE_ROWS; 128 and 256 too, the
-classes past KERNEL_ROWS, on a grid of their own): bf16 F.linear, the dequantize + F.linear
-path, and the tl.dot kernel (w4a16_dot.py) at every tile of a grid.
+For each shape (N x K, groups of 128) and 16, 32 and 64 rows (PROBE_ROWS; or 128 and 256, on a
+grid of their own, BIG): bf16 F.linear, the dequantize + F.linear path, and the tl.dot kernel
+(w4a16_dot.py) at every tile of a grid.
 Timed as w4a16_probe.py times (CUDA graphs of 24 calls over weight copies larger than L2).
 TABLE.json: the repo's table for this GPU with each shape's tl.dot row classes ("16", "32",
 "64", ...: w4a16_tiles.DOT_CLASSES) set to the fastest tile at that many rows (what
