@@ -54,6 +54,13 @@ latency() {  # $1: label, then extra flags
         | grep -v Warning | tail -4
 }
 
+lat_at() {  # $1: batch sizes, $2: largest graph batch, $3: label, then extra flags; one round
+    local batches=$1 graphs=$2 label=$3; shift 3
+    run_for ${T_LAT:-100} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes $batches \
+        --repeats 1 --cuda-graph-max-batch $graphs "$@" --output "$OUT/latency-llama-8b-$label.json" 2>&1 \
+        | grep -v Warning | tail -7
+}
+
 case "${1:-}" in
 w4a16)
     if [ -z "${SKIP_TESTS:-}" ]; then
@@ -157,12 +164,7 @@ rows)
     NEXTOK_TEST_TOKENIZER=$PWD/$TOK run_for ${T_WARM:-60} python3 -m pytest -q -p no:cacheprovider \
         tests/e2e/test_warmup_kernels.py -k "int4" > "$OUT/rows-warmup-test.txt" 2>&1
     grep -E "^E  |^(FAILED|ERROR)|passed|failed" "$OUT/rows-warmup-test.txt" | tail -6
-    rlat() {  # $1: label, then extra flags
-        local label=$1; shift
-        run_for ${T_LAT:-100} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes ${ROW_BATCHES:-8,16,32,64} \
-            --repeats 1 --cuda-graph-max-batch 64 "$@" --output "$OUT/latency-llama-8b-rows-$label.json" 2>&1 \
-            | grep -v Warning | tail -7
-    }
+    rlat() { local label=$1; shift; lat_at ${ROW_BATCHES:-8,16,32,64} 64 rows-$label "$@"; }
     step "8B decode step at batch ${ROW_BATCHES:-8,16,32,64}, bf16"; rlat bf16-1
     step "8B decode step, int4, committed tiles"; rlat int4-committed-1 --quantization int4
     if [ "${ROWS_PROBE:-1}" != 0 ]; then
@@ -192,12 +194,7 @@ big)
     step "W4A16 tl.dot tiles at 128 and 256 rows, Llama-3.1-8B layer shapes"
     PROBE_ROWS=128,256 run_for ${T_PROBE:-120} python3 benchmarks/gpu/w4a16_dot_probe.py "$OUT/w4a16-big-probe.json" \
         "$OUT/w4a16-big-table.json" 2>&1 | grep -v "^  " | tail -10
-    blat() {  # $1: label, then extra flags
-        local label=$1; shift
-        run_for ${T_LAT:-100} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes ${BIG_BATCHES:-128,256} \
-            --repeats 1 --cuda-graph-max-batch 256 "$@" --output "$OUT/latency-llama-8b-big-$label.json" 2>&1 \
-            | grep -v Warning | tail -6
-    }
+    blat() { local label=$1; shift; lat_at ${BIG_BATCHES:-128,256} 256 big-$label "$@"; }
     kernel() {  # int4 with the kernel up to 256 rows, on the probe's table (else the committed one)
         NEXTOK_W4A16_ROWS=256 NEXTOK_W4A16_CONFIGS=$( [ -f "$OUT/w4a16-big-table.json" ] && echo "$OUT/w4a16-big-table.json") \
             blat "$@" --quantization int4
@@ -218,12 +215,7 @@ w8)
     step "W8A16 tiles at ${PROBE_ROWS:-1,16,64,256} rows, Llama-3.1-8B layer shapes"
     run_for ${T_PROBE:-150} python3 benchmarks/gpu/w8a16_probe.py "$OUT/w8a16-probe.json" "$OUT/w8a16-table.json" \
         2>&1 | grep -v "^  " | tail -22
-    wlat() {  # $1: label, then extra flags
-        local label=$1; shift
-        run_for ${T_LAT:-100} python3 -m nextok bench latency --model $L8B $DUMMY --batch-sizes ${W8_BATCHES:-1,16,64,256} \
-            --repeats 1 --cuda-graph-max-batch 256 "$@" --output "$OUT/latency-llama-8b-w8-$label.json" 2>&1 \
-            | grep -v Warning | tail -6
-    }
+    wlat() { local label=$1; shift; lat_at ${W8_BATCHES:-1,16,64,256} 256 w8-$label "$@"; }
     int8() {
         NEXTOK_W8A16_ROWS=256 NEXTOK_W8A16_CONFIGS=$( [ -f "$OUT/w8a16-table.json" ] && echo "$OUT/w8a16-table.json") \
             wlat "$@" --quantization int8
