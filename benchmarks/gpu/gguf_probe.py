@@ -7,7 +7,8 @@ For each shape y = x @ W.T (N x K), each ggml type (default Q4_0, Q4_K, Q5_0, Q6
 8 rows: bf16 through cuBLAS, and the GGUF kernel at every tile of a small grid, each timed as a CUDA
 graph of 24 calls with the weights rotating over copies larger than the L2 (w4a16_probe.graph_us).
 Random blocks with sane f16 scales; every output is checked against dequantize + F.linear. Writes
-every timing to OUT.json; prints the best tile per shape, type and row count with its bandwidth.
+every timing to OUT.json (rewritten after each shape and type); PROBE_BN, PROBE_NW and PROBE_NS
+(comma lists) narrow the tile grid. Prints the best tile per shape, type and row count with its bandwidth.
 """
 from __future__ import annotations
 
@@ -29,8 +30,16 @@ DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336"
 DEFAULT_TYPES = "2,12,6,14,8"
 # byte offsets of each type's f16 scales (d, and dmin / m): random bytes elsewhere
 HALF_SCALES = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
+
+
+def _ints(name: str, default: str) -> list[int]:
+    return [int(v) for v in os.environ.get(name, default).split(",")]
+
+
+# the grid; PROBE_BN / PROBE_NW / PROBE_NS narrow it (each tile compiles per type, K and row kind)
 TILES = [dict(BLOCK_N=bn, num_warps=nw, num_stages=ns)
-         for bn, nw, ns in itertools.product((8, 16, 32, 64), (2, 4, 8), (2, 3, 4))]
+         for bn, nw, ns in itertools.product(_ints("PROBE_BN", "8,16,32,64"), _ints("PROBE_NW", "2,4,8"),
+                                             _ints("PROBE_NS", "2,3,4"))]
 
 
 def random_blocks(type_id: int, n: int, k: int, dev) -> torch.Tensor:
@@ -83,8 +92,8 @@ def main() -> int:
                   f"rel err {best['rel_err']:.1e}) tile {best}", flush=True)
         del packs, bfs, w, blocks
         torch.cuda.empty_cache()
-    with open(out_path, "w") as f:
-        json.dump(header({"rows": results}), f, indent=1)
+        with open(out_path, "w") as f:  # after every shape and type: a call cut short keeps what ran
+            json.dump(header({"rows": results}), f, indent=1)
     return 0
 
 

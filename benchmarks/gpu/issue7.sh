@@ -93,10 +93,10 @@ w4a16)
     ;;
 gguf)
     step GGUF block kernel tests on CUDA
-    timeout ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_gguf_linear.py \
+    run_for ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_gguf_linear.py \
         2>&1 | tail -12 | tee "$OUT/gguf-kernel-tests.txt"
     step GGUF kernel tiles, Llama-3.1-8B layer shapes
-    timeout ${T_PROBE:-300} python3 benchmarks/gpu/gguf_probe.py "$OUT/gguf-probe.json" \
+    run_for ${T_PROBE:-300} python3 benchmarks/gpu/gguf_probe.py "$OUT/gguf-probe.json" \
         ${PROBE_SHAPES:-6144x4096,4096x4096,28672x4096,4096x14336} ${PROBE_TYPES:-2,12,6,14,8} 2>&1 | grep -v "^  " | tail -45
     ;;
 tests)
