@@ -3,12 +3,14 @@
 
     python3 benchmarks/gpu/gguf_probe.py OUT.json [SHAPES] [TYPES]
 
-For each shape y = x @ W.T (N x K), each ggml type (default Q4_0, Q4_K, Q5_0, Q6_K, Q8_0) and 1 and
-8 rows: bf16 through cuBLAS, and the GGUF kernel at every tile of a small grid, each timed as a CUDA
-graph of 24 calls with the weights rotating over copies larger than the L2 (w4a16_probe.graph_us).
-Random blocks with sane f16 scales; every output is checked against dequantize + F.linear. Writes
-every timing to OUT.json (rewritten after each shape and type); PROBE_BN, PROBE_NW and PROBE_NS
-(comma lists) narrow the tile grid. Prints the best tile per shape, type and row count with its bandwidth.
+For each shape y = x @ W.T (N x K), each ggml type (default Q4_0, Q4_K, Q5_0, Q6_K, Q8_0) and
+PROBE_GGUF_ROWS rows (default 1 and 8): bf16 through cuBLAS; past 16 rows the layer's dense path
+(dequantize into a scratch matrix, then cuBLAS); and the GGUF kernel at every tile of a small
+grid (past 16 rows with 16, 32 or 64 rows a program). Each is timed as a CUDA graph of 24 calls
+with the weights rotating over copies larger than the L2 (w4a16_probe.graph_us). Random blocks
+with sane f16 scales; every output is checked against dequantize + F.linear. Writes every timing
+to OUT.json (rewritten after each shape and type); PROBE_BN, PROBE_NW and PROBE_NS (comma lists)
+narrow the tile grid. Prints the best tile per shape, type and row count with its bandwidth.
 """
 from __future__ import annotations
 
@@ -40,6 +42,13 @@ def _ints(name: str, default: str) -> list[int]:
 TILES = [dict(BLOCK_N=bn, num_warps=nw, num_stages=ns)
          for bn, nw, ns in itertools.product(_ints("PROBE_BN", "8,16,32,64"), _ints("PROBE_NW", "2,4,8"),
                                              _ints("PROBE_NS", "2,3,4"))]
+ROWS = _ints("PROBE_GGUF_ROWS", "1,8")  # rows of x; past 16 each tile also takes 16-64 rows a program
+
+
+def tiles_for(rows: int) -> list[dict]:
+    if rows <= 16:
+        return TILES
+    return [dict(t, BLOCK_M=bm) for t in TILES for bm in (16, 32, 64) if bm < 2 * rows]
 
 
 def random_blocks(type_id: int, n: int, k: int, dev) -> torch.Tensor:
@@ -66,13 +75,17 @@ def main() -> int:
         packs = [blocks.clone() for _ in range(copies)]
         bcopies = max(2, -(-400 * 2**20 // (n * k * 2)))
         bfs = [w.to(torch.bfloat16) for _ in range(bcopies)]
-        for rows in (1, 8):
+        scratch = torch.empty(n, k, device=dev, dtype=torch.bfloat16)
+        for rows in ROWS:
             x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
             ref = F.linear(x.float(), w)
             r = {"n": n, "k": k, "type": gl.NAMES[type_id], "rows": rows, "block_bytes": nbytes,
                  "bf16_cublas_us": graph_us(lambda i: F.linear(x, bfs[i]), bcopies)}
+            if rows > 16:  # the layer's other path: dequantize into a scratch matrix, then cuBLAS
+                r["dequantize_cublas_us"] = graph_us(
+                    lambda i: F.linear(x, gl.dequantize(packs[i], type_id, k, scratch)), copies)
             sweep = []
-            for cfg in TILES:
+            for cfg in tiles_for(rows):
                 gl.set_config(cfg)
                 try:
                     us = graph_us(lambda i: gl.gguf_matmul(x, packs[i], type_id, k), copies)
@@ -87,10 +100,11 @@ def main() -> int:
             r.update(sweep=sweep, best=best, gguf_us=best["us"], gguf_tbps=nbytes / best["us"] / 1e6,
                      speedup_vs_bf16=r["bf16_cublas_us"] / best["us"])
             results.append(r)
-            print(f"{n:>6}x{k:<6} {gl.NAMES[type_id]:5} rows {rows}: bf16 {r['bf16_cublas_us']:6.1f} us | "
+            dense = f" | dequantize + cuBLAS {r['dequantize_cublas_us']:6.1f} us" if rows > 16 else ""
+            print(f"{n:>6}x{k:<6} {gl.NAMES[type_id]:5} rows {rows}: bf16 {r['bf16_cublas_us']:6.1f} us{dense} | "
                   f"gguf {best['us']:6.1f} us ({r['gguf_tbps']:.2f} TB/s of blocks, {r['speedup_vs_bf16']:.2f}x, "
                   f"rel err {best['rel_err']:.1e}) tile {best}", flush=True)
-        del packs, bfs, w, blocks
+        del packs, bfs, w, blocks, scratch
         torch.cuda.empty_cache()
         with open(out_path, "w") as f:  # after every shape and type: a call cut short keeps what ran
             json.dump(header({"rows": results}), f, indent=1)

@@ -4,7 +4,8 @@
 #                                           decode step bf16 vs int4 (W4A16), A/B interleaved;
 #                                           PROFILE=1: first a profile of int4 steps by kernel
 #   bash benchmarks/gpu/issue7.sh gguf      the Triton GGUF block kernel: its tests on CUDA, then its tiles
-#                                           at the 8B layer shapes per type against bf16 (gguf_probe.py)
+#                                           at the 8B layer shapes per type against bf16 (gguf_probe.py;
+#                                           GGUF_SHAPES, GGUF_TYPES, and its own PROBE_GGUF_ROWS, PROBE_BN/NW/NS)
 #   bash benchmarks/gpu/issue7.sh tests     CUDA tests of the attention kernels, the Triton engine and its
 #                                           start-up warm-up (TESTS: other files)
 #   bash benchmarks/gpu/issue7.sh lat256    the batch-256 step (512 in, 64 out, 8192-token chunks) per
@@ -97,7 +98,7 @@ gguf)
         2>&1 | tail -12 | tee "$OUT/gguf-kernel-tests.txt"
     step GGUF kernel tiles, Llama-3.1-8B layer shapes
     run_for ${T_PROBE:-300} python3 benchmarks/gpu/gguf_probe.py "$OUT/gguf-probe.json" \
-        ${PROBE_SHAPES:-6144x4096,4096x4096,28672x4096,4096x14336} ${PROBE_TYPES:-2,12,6,14,8} 2>&1 | grep -v "^  " | tail -45
+        ${GGUF_SHAPES:-6144x4096,4096x4096,28672x4096,4096x14336} ${GGUF_TYPES:-2,12,6,14,8} 2>&1 | grep -v "^  " | tail -45
     ;;
 tests)
     step "CUDA tests: ${TESTS:=tests/kernels/test_triton_attention.py tests/e2e/test_triton_engine.py tests/e2e/test_warmup_kernels.py}"

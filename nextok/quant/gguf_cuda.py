@@ -1,10 +1,12 @@
 """GGUF checkpoints kept packed on CUDA: each linear holds its raw ggml blocks (Q4_0, Q4_1, Q5_0,
 Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) and no dense weight.
 
-Decode-sized steps (<= MAX_ROWS rows) run the Triton kernel that dequantizes in registers
+Decode-sized steps (<= kernel_rows() rows) run the Triton kernel that dequantizes in registers
 (kernels/triton/gguf_linear.py): a step streams the blocks, 2-4x fewer bytes than bfloat16.
 Bigger ones (prefill, large batches) dequantize the weight into a scratch matrix shared by every
-layer, then one dense matmul: the dequantization is amortized over the rows.
+layer, then one dense matmul: the dequantization is amortized over the rows. KERNEL_ROWS is 16
+until the kernel's blocks of 32-64 rows are timed against that on a GPU; NEXTOK_GGUF_ROWS
+(1..MAX_ROWS) moves it.
 
 A fused matrix (qkv, gate_up) takes its shards' blocks in output-row order; shards of one type
 are concatenated into one matrix, and shards of different types (*_K_M files: a Q6_K v_proj
@@ -17,8 +19,17 @@ import torch
 from torch import nn
 
 from nextok.kernels.triton.gguf_linear import MAX_ROWS, NAMES, TYPES, check, dequantize, gguf_matmul
+from nextok.kernels.triton.tile_tables import rows_limit
 
 TYPE_IDS = tuple(TYPES)  # the ggml types a GGUFLinear holds
+KERNEL_ROWS = 16  # steps of up to this many rows take the kernel
+
+
+def kernel_rows() -> int:
+    """KERNEL_ROWS, or NEXTOK_GGUF_ROWS (a whole number in 1..MAX_ROWS; NextokError otherwise)."""
+    return rows_limit("gguf", KERNEL_ROWS, 1, MAX_ROWS)
+
+
 # Elements of the shared scratch matrix, at most: 256 MB in bfloat16. Every Llama-3.1-8B decoder
 # matrix fits whole; a bigger one (a 128k-row lm_head) is dequantized and multiplied in row chunks.
 SCRATCH_LIMIT = 1 << 27
@@ -68,6 +79,7 @@ class GGUFLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
         device = self.blocks0.device
         self._scratch = scratch(device, dtype, min(rows * in_features, SCRATCH_LIMIT))
+        self.kernel_rows = kernel_rows()
 
     def matrices(self) -> list[tuple[int, int, torch.Tensor]]:
         """(first output row, ggml type, blocks) of each matrix."""
@@ -79,7 +91,7 @@ class GGUFLinear(nn.Module):
         if x.stride(-1) != 1:
             x = x.contiguous()
         bias = self.bias if self.bias is None or self.bias.dtype == x.dtype else self.bias.to(x.dtype)
-        if x.shape[0] <= MAX_ROWS:
+        if x.shape[0] <= self.kernel_rows:
             return self._blocks_step(x, bias)
         return self._dense_step(x, bias)
 
@@ -122,4 +134,4 @@ class GGUFLinear(nn.Module):
 
     def extra_repr(self) -> str:
         types = "+".join(NAMES[t] for t in self.types)
-        return f"in={self.in_features}, out={self.out_features}, {types} blocks up to {MAX_ROWS} rows"
+        return f"in={self.in_features}, out={self.out_features}, {types} blocks up to {self.kernel_rows} rows"

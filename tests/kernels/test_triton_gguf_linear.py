@@ -17,9 +17,10 @@ import torch
 
 pytest.importorskip("triton")
 from nextok.kernels.triton.gguf_linear import MAX_ROWS, TYPES, dequantize, gguf_matmul  # noqa: E402
+from nextok.errors import NextokError  # noqa: E402
 from nextok.model import gguf_format  # noqa: E402
 from nextok.quant import gguf_cuda  # noqa: E402
-from nextok.quant.gguf_cuda import GGUFLinear  # noqa: E402
+from nextok.quant.gguf_cuda import KERNEL_ROWS, GGUFLinear  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # ggml type -> byte offsets of its f16 scales (d first; a second one: Q4_1 / Q5_1's m, K-quants'
@@ -60,7 +61,7 @@ def _x(rows, k, dtype, seed=0):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("rows", [1, 3, 16, 40])  # 40: three blocks of rows (16 a block here)
 @pytest.mark.parametrize("type_id", list(TYPES))
 def test_kernel_equals_dequantize_then_matmul(type_id, rows, dtype):
     n, k = 20, 512  # N: a partial tile of rows; K: two 256-column tiles
@@ -100,11 +101,13 @@ def test_dequantize_is_the_loaders_weight(type_id):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows", [3, MAX_ROWS + 1, 40])
-def test_layer_of_mixed_shards_with_bias(rows, dtype):
+@pytest.mark.parametrize("rows,kernel_rows", [(3, None), (KERNEL_ROWS + 1, None), (40, None), (40, "64")])
+def test_layer_of_mixed_shards_with_bias(rows, kernel_rows, dtype, monkeypatch):
     """A fused qkv as a *_K_M file stores it: q and k Q4_K (one matrix), v Q6_K (another), with
-    a bias. Up to MAX_ROWS rows: the kernel, each matrix writing its columns; more: dequantize
-    into the scratch matrix, then one matmul."""
+    a bias. Up to KERNEL_ROWS (or NEXTOK_GGUF_ROWS) rows: the kernel, each matrix writing its
+    columns; more: dequantize into the scratch matrix, then one matmul."""
+    if kernel_rows:
+        monkeypatch.setenv("NEXTOK_GGUF_ROWS", kernel_rows)
     k = 256
     shards = [(12, random_blocks(12, 16, k, 0)), (12, random_blocks(12, 8, k, 1)),
               (14, random_blocks(14, 8, k))]
@@ -113,8 +116,21 @@ def test_layer_of_mixed_shards_with_bias(rows, dtype):
     layer = GGUFLinear([(t, torch.from_numpy(raw).to(DEVICE)) for t, raw in shards], k,
                        bias.to(DEVICE), dtype)
     assert layer.types == [12, 14] and layer.offsets == [0, 24] and layer.out_features == 32
+    assert layer.kernel_rows == (int(kernel_rows) if kernel_rows else KERNEL_ROWS)
     x = _x(rows, k, dtype)
+    layer._scratch.fill_(7.0)
     assert_matches(layer(x), x.float().cpu() @ w.T + bias.to(dtype).float(), dtype)
+    # the kernel leaves the scratch matrix alone; a dense step dequantizes into it
+    assert bool((layer._scratch == 7.0).all()) == (rows <= layer.kernel_rows)
+
+
+def test_gguf_rows_setting_is_checked(monkeypatch):
+    for bad in ("0", "257", "x", "-3"):
+        monkeypatch.setenv("NEXTOK_GGUF_ROWS", bad)
+        with pytest.raises(NextokError, match=f"NEXTOK_GGUF_ROWS must be a whole number from 1 to {MAX_ROWS}"):
+            gguf_cuda.kernel_rows()
+    monkeypatch.setenv("NEXTOK_GGUF_ROWS", "48")
+    assert gguf_cuda.kernel_rows() == 48
 
 
 def test_big_steps_with_a_small_scratch_go_in_row_chunks():
@@ -122,7 +138,7 @@ def test_big_steps_with_a_small_scratch_go_in_row_chunks():
     raw = random_blocks(13, n, k)
     layer = GGUFLinear([(13, torch.from_numpy(raw).to(DEVICE))], k, None, torch.float32)
     layer._scratch = torch.empty(12 * k, device=DEVICE)  # 12 rows of W at a time: 4 chunks
-    x = _x(MAX_ROWS + 4, k, torch.float32)
+    x = _x(KERNEL_ROWS + 4, k, torch.float32)
     assert_matches(layer(x), x.cpu() @ reference_weight(raw, 13, k).T, torch.float32)
 
 
@@ -159,14 +175,15 @@ from nextok.kernels.triton import gguf_linear as g
 target = GPUTarget("cuda", 90, 32)
 ARGS = "K TYPE QK NB S HAS_BIAS USE_DOT IEEE BLOCK_M BLOCK_N".split()
 for t, (qk, nb, s) in g.TYPES.items():
-    for dot in (False, True):
+    for block_m in (1, 16, 64):  # 1: CUDA cores; 16, 64: tl.dot (64: the blocks past 32 rows)
+        dot = block_m > 1
         sig = dict(x_ptr="*bf16", w_ptr="*u8", b_ptr="*bf16", y_ptr="*bf16", M="i32", N="i32",
                    s_xm="i32", s_ym="i32", **{a: "constexpr" for a in ARGS})
         const = dict(K=512, TYPE=t, QK=qk, NB=nb, S=s, HAS_BIAS=True, USE_DOT=dot, IEEE=False,
-                     BLOCK_M=16 if dot else 1, BLOCK_N=32 if dot else 16)
+                     BLOCK_M=block_m, BLOCK_N=32 if dot else 16)
         k = triton.compile(ASTSource(g._gguf_linear_kernel, sig, const), target=target,
                            options=dict(num_warps=4, num_stages=3))
-        assert k.asm["cubin"] and ".local" not in k.asm["ptx"], (t, dot)  # no register spills
+        assert k.asm["cubin"] and ".local" not in k.asm["ptx"], (t, block_m)  # no register spills
     sig = dict(w_ptr="*u8", out_ptr="*bf16", N="i32", s_on="i32",
                **{a: "constexpr" for a in "K TYPE QK NB S BLOCK_N".split()})
     triton.compile(ASTSource(g._dequant_kernel, sig, dict(K=512, TYPE=t, QK=qk, NB=nb, S=s, BLOCK_N=32)),

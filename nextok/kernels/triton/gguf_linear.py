@@ -20,12 +20,13 @@ order (exactly what GGUFFile.blocks yields). Types (ggml id: QK weights in NB by
     ql[64h + r % 64] (low nibble for r < 64), top 2 in qh[32h + r % 32] at shift 2 (r // 32).
 The arithmetic is gguf_format.py's (the loader's float32 weights), in the same order.
 
-One program: BLOCK_N rows of W, all of K in tiles of 256 columns, for all M <= MAX_ROWS rows of
-x. A tile is dequantized as [BLOCK_N, G, S]: G sub-blocks of S weights (S = 16 for Q6_K, else
-32), so each sub-block's scale is loaded once and broadcast. One row of x: products summed on
-CUDA cores; more: tl.dot with the rows padded to 16. Bigger steps (prefill) dequantize the whole
-weight with the same code into a scratch matrix (`dequantize`), then a dense matmul
-(quant/gguf_cuda.py).
+One program: BLOCK_N rows of W, all of K in tiles of 256 columns, for BLOCK_M rows of x (the
+grid's second axis takes blocks of rows, up to MAX_ROWS in all; each block dequantizes W again).
+A tile is dequantized as [BLOCK_N, G, S]: G sub-blocks of S weights (S = 16 for Q6_K, else 32),
+so each sub-block's scale is loaded once and broadcast. One row of x: products summed on CUDA
+cores; more: tl.dot with the rows padded to BLOCK_M (16 or more). Bigger steps (prefill)
+dequantize the whole weight with the same code into a scratch matrix (`dequantize`), then a dense
+matmul (quant/gguf_cuda.py decides where, at KERNEL_ROWS).
 
 Not yet run on a GPU: correct in Triton's interpreter, and it compiles for sm_90 without register
 spills (tests/kernels/test_triton_gguf_linear.py). Every weight byte is gathered per element (a
@@ -39,7 +40,7 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-MAX_ROWS = 16
+MAX_ROWS = 256  # rows of x one call takes (blocks of BLOCK_M rows)
 TILE_K = 256  # columns per tile: one K-quant super-block, eight 32-weight blocks
 # ggml type id -> (weights per block, bytes per block, weights per sub-block)
 TYPES = {2: (32, 18, 32), 3: (32, 20, 32), 6: (32, 22, 32), 7: (32, 24, 32), 8: (32, 34, 32),
@@ -145,14 +146,14 @@ def _gguf_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, s_xm, s_ym, K: tl.cons
                         TYPE: tl.constexpr, QK: tl.constexpr, NB: tl.constexpr, S: tl.constexpr,
                         HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Grid (cdiv(N, BLOCK_N),). x [M, K] unit-stride rows; y [M, N] (may be a column slice of a
-    # wider output: s_ym is its row stride); bias [N].
+    # Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). x [M, K] unit-stride rows; y [M, N] (may be a
+    # column slice of a wider output: s_ym is its row stride); bias [N].
     G: tl.constexpr = 256 // S
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     n3 = n[:, None, None]
     n_ok3 = n_ok[:, None, None]
-    rows = tl.arange(0, BLOCK_M)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     if USE_DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -225,14 +226,16 @@ def set_config(cfg: dict | None) -> None:
 
 
 def _config(m: int, device: torch.device) -> dict:
+    # rows of x per program: 1 (CUDA cores); 16 up to 16 rows; past that 32 or 64, so W is
+    # dequantized once per 64 rows (the interpreter: 16, to test several row blocks)
+    block_m = 1 if m == 1 else 16 if m <= 16 or device.type != "cuda" else 32 if m <= 32 else 64
     if _override is not None and device.type == "cuda":
-        base = dict(USE_DOT=m > 1, BLOCK_M=1 if m == 1 else 16)
-        return {**base, **_override}
+        return {**dict(USE_DOT=m > 1, BLOCK_M=block_m), **_override}
     if device.type != "cuda":  # the interpreter: small tiles
-        return dict(USE_DOT=m > 1, BLOCK_M=1 if m == 1 else 16, BLOCK_N=16, num_warps=4, num_stages=1)
+        return dict(USE_DOT=m > 1, BLOCK_M=block_m, BLOCK_N=16, num_warps=4, num_stages=1)
     if m == 1:
         return dict(USE_DOT=False, BLOCK_M=1, BLOCK_N=16, num_warps=4, num_stages=3)
-    return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=3)
+    return dict(USE_DOT=True, BLOCK_M=block_m, BLOCK_N=32, num_warps=4, num_stages=3)
 
 
 def gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, type_id: int, k: int,
@@ -248,7 +251,7 @@ def gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, type_id: int, k: int,
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device) if out is None else out
     if rows:
         cfg = _config(rows, x.device)
-        _gguf_linear_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
+        _gguf_linear_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(rows, cfg["BLOCK_M"]))](
             x, blocks, bias if bias is not None else x, y, rows, n, x.stride(0), y.stride(0),
             K=k, TYPE=type_id, QK=qk, NB=nb, S=s, HAS_BIAS=bias is not None,
             IEEE=INTERPRETED or x.dtype == torch.float32, **cfg)
