@@ -1,16 +1,18 @@
 """The Triton GGUF block kernel (kernels/triton/gguf_linear.py) at decode shapes, against bf16
-(issue 7: GGUF kept packed on CUDA). Not yet run on a GPU when written.
+(issue 7: GGUF kept packed on CUDA; first run on an H100, 2026-12-06-gguf-h100.md).
 
     python3 benchmarks/gpu/gguf_probe.py OUT.json [SHAPES] [TYPES]
 
 For each shape y = x @ W.T (N x K), each ggml type (default Q4_0, Q4_K, Q5_0, Q6_K, Q8_0) and
 PROBE_GGUF_ROWS rows (default 1 and 8): bf16 through cuBLAS; past 16 rows the layer's dense path
-(dequantize into a scratch matrix, then cuBLAS); and the GGUF kernel at every tile of a small
-grid (past 16 rows with 16, 32 or 64 rows a program). Each is timed as a CUDA graph of 24 calls
-with the weights rotating over copies larger than the L2 (w4a16_probe.graph_us). Random blocks
-with sane f16 scales; every output is checked against dequantize + F.linear. Writes every timing
-to OUT.json (rewritten after each shape and type); PROBE_BN, PROBE_NW and PROBE_NS (comma lists)
-narrow the tile grid. Prints the best tile per shape, type and row count with its bandwidth.
+(dequantize into a scratch matrix, then cuBLAS); the GGUF kernel at every tile of a small grid
+(past 16 rows with 16, 32 or 64 rows a program); and for Q4_0 / Q4_1 / Q4_K the W4A16 layer
+they are converted to (quant/gguf_cuda.py), on its own tiles. Each is timed as a CUDA graph of
+24 calls with the weights rotating over copies larger than the L2 (w4a16_probe.graph_us).
+Random blocks with sane f16 scales; every output is checked against dequantize + F.linear.
+Writes every timing to OUT.json (rewritten after each shape and type); PROBE_BN, PROBE_NW and
+PROBE_NS (comma lists) narrow the tile grid. Prints the best tile per shape, type and row count
+with its bandwidth.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ sys.path.insert(0, os.getcwd())
 from benchmarks.gpu.w4a16_probe import graph_us  # noqa: E402
 from nextok.bench.common import header  # noqa: E402
 from nextok.kernels.triton import gguf_linear as gl  # noqa: E402
+from nextok.quant.gguf_cuda import INT4_TYPES, int4_groups  # noqa: E402
+from nextok.quant.int4 import Int4Linear  # noqa: E402
 
 DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336"
 DEFAULT_TYPES = "2,12,6,14,8"
@@ -76,6 +80,9 @@ def main() -> int:
         bcopies = max(2, -(-400 * 2**20 // (n * k * 2)))
         bfs = [w.to(torch.bfloat16) for _ in range(bcopies)]
         scratch = torch.empty(n, k, device=dev, dtype=torch.bfloat16)
+        # Q4_0 / Q4_1 / Q4_K: the layer converts them to the W4A16 layout (quant/gguf_cuda.py)
+        int4s = ([Int4Linear(*int4_groups(type_id, p, k), None) for p in packs]
+                 if type_id in INT4_TYPES else [])
         for rows in ROWS:
             x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
             ref = F.linear(x.float(), w)
@@ -84,6 +91,9 @@ def main() -> int:
             if rows > 16:  # the layer's other path: dequantize into a scratch matrix, then cuBLAS
                 r["dequantize_cublas_us"] = graph_us(
                     lambda i: F.linear(x, gl.dequantize(packs[i], type_id, k, scratch)), copies)
+            if int4s:  # what the layer runs for this type: the W4A16 kernels on the converted weight
+                r["w4a16_us"] = graph_us(lambda i: int4s[i](x), copies)
+                r["w4a16_rel_err"] = ((int4s[0](x).float() - ref).abs().max() / ref.abs().max()).item()
             sweep = []
             for cfg in tiles_for(rows):
                 gl.set_config(cfg)
@@ -101,10 +111,11 @@ def main() -> int:
                      speedup_vs_bf16=r["bf16_cublas_us"] / best["us"])
             results.append(r)
             dense = f" | dequantize + cuBLAS {r['dequantize_cublas_us']:6.1f} us" if rows > 16 else ""
+            dense += f" | W4A16 {r['w4a16_us']:6.1f} us (rel err {r['w4a16_rel_err']:.1e})" if int4s else ""
             print(f"{n:>6}x{k:<6} {gl.NAMES[type_id]:5} rows {rows}: bf16 {r['bf16_cublas_us']:6.1f} us{dense} | "
                   f"gguf {best['us']:6.1f} us ({r['gguf_tbps']:.2f} TB/s of blocks, {r['speedup_vs_bf16']:.2f}x, "
                   f"rel err {best['rel_err']:.1e}) tile {best}", flush=True)
-        del packs, bfs, w, blocks, scratch
+        del packs, bfs, w, blocks, scratch, int4s
         torch.cuda.empty_cache()
         with open(out_path, "w") as f:  # after every shape and type: a call cut short keeps what ran
             json.dump(header({"rows": results}), f, indent=1)

@@ -1,17 +1,21 @@
-"""GGUF checkpoints kept packed on CUDA: each linear holds its raw ggml blocks (Q4_0, Q4_1, Q5_0,
-Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) and no dense weight.
+"""GGUF checkpoints kept packed on CUDA: each linear holds its quantized weights and no dense
+weight.
 
-Decode-sized steps (<= kernel_rows() rows) run the Triton kernel that dequantizes in registers
-(kernels/triton/gguf_linear.py): a step streams the blocks, 2-4x fewer bytes than bfloat16.
-Bigger ones (prefill, large batches) dequantize the weight into a scratch matrix shared by every
-layer, then one dense matmul: the dequantization is amortized over the rows. KERNEL_ROWS is 16
-until the kernel's blocks of 32-64 rows are timed against that on a GPU; NEXTOK_GGUF_ROWS
-(1..MAX_ROWS) moves it.
+- Q4_0, Q4_1 and Q4_K matrices (INT4_TYPES) are converted at load to the W4A16 layout
+  (quant/int4.py Int4Linear: the same 4-bit q, a float16 scale and min per 32 weights; 5 bits a
+  weight, Q4_K's 4.5 + its float16 rounding of d * sc) and run the W4A16 kernels, as
+  `--quantization int4` does.
+- Q5_0, Q5_1, Q8_0, Q5_K and Q6_K keep their raw ggml blocks. Steps of up to kernel_rows() rows
+  run the Triton kernel that dequantizes them in registers (kernels/triton/gguf_linear.py);
+  bigger ones (prefill, large batches) dequantize the weight into a scratch matrix shared by
+  every layer, then one dense matmul. KERNEL_ROWS is 32: at 32 rows the kernel beat
+  dequantize + cuBLAS for every type and 8B shape, at 64 it lost at some (H100,
+  2026-12-06-gguf-h100.md); NEXTOK_GGUF_ROWS (1..MAX_ROWS) moves it.
 
-A fused matrix (qkv, gate_up) takes its shards' blocks in output-row order; shards of one type
-are concatenated into one matrix, and shards of different types (*_K_M files: a Q6_K v_proj
-beside Q4_K q and k) stay separate matrices of the same layer, each writing its columns of the
-one output (no concatenation per step).
+A fused matrix (qkv, gate_up) takes its shards in output-row order; shards of one type are
+concatenated into one matrix, and shards of different types (*_K_M files: a Q6_K v_proj beside
+Q4_K q and k) stay separate matrices of the same layer, each writing its columns of the one
+output.
 """
 from __future__ import annotations
 
@@ -22,7 +26,11 @@ from nextok.kernels.triton.gguf_linear import MAX_ROWS, NAMES, TYPES, check, deq
 from nextok.kernels.triton.tile_tables import rows_limit
 
 TYPE_IDS = tuple(TYPES)  # the ggml types a GGUFLinear holds
-KERNEL_ROWS = 16  # steps of up to this many rows take the kernel
+# Q4_0, Q4_1, Q4_K: 4-bit q with a scale and a min per 32 weights, the W4A16 layout's own form
+# (quant/int4.py Int4Linear), whose kernels read 2.6 TB/s where the GGUF kernel's byte gathers
+# read 0.3-0.6 (H100, 2026-12-06-gguf-h100.md): such matrices are converted at load
+INT4_TYPES = (2, 3, 12)
+KERNEL_ROWS = 32  # steps of up to this many rows take the GGUF kernel
 
 
 def kernel_rows() -> int:
@@ -47,15 +55,53 @@ def scratch(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tenso
     return buf
 
 
+def int4_groups(type_id: int, raw: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_0 / Q4_1 / Q4_K blocks uint8 [N, K / QK * NB] -> the W4A16 layout's q uint8 [N, K] in
+    0..15 and d, m float16 [N, K / 32], W = d * q + m per 32 columns, on raw's device.
+    Q4_0 (w = d (q - 8): m = -8 d) and Q4_1 are exact. Q4_K's d * sc and dmin * mn (an f16 times a
+    6-bit integer) are rounded to float16: 2^-11 of each, far below the 4-bit step."""
+    qk, nb, _ = TYPES[type_id]
+    n = raw.shape[0]
+    b = raw.reshape(n, k // qk, nb)
+
+    def f16(lo: int) -> torch.Tensor:  # the little-endian half at byte lo of each block -> [n, blocks, 1]
+        return b[:, :, lo:lo + 2].contiguous().view(torch.float16).float()
+
+    def nibbles(qs: torch.Tensor) -> torch.Tensor:  # [..., 16] -> [..., 32]: low nibbles, then high
+        return torch.cat([qs & 0x0F, qs >> 4], dim=-1)
+
+    if type_id == 2:  # f16 d | qs[16]
+        d = f16(0)
+        m, q = -8 * d, nibbles(b[:, :, 2:])
+    elif type_id == 3:  # f16 d | f16 m | qs[16]
+        d, m, q = f16(0), f16(2), nibbles(b[:, :, 4:])
+    elif type_id == 12:  # f16 d | f16 dmin | scales[12] | qs[128]: 8 sub-blocks of 32
+        sc = b[:, :, 4:16]
+        lo, hi, mid = sc[..., 0:4], sc[..., 4:8], sc[..., 8:12]
+        scale = torch.cat([lo & 0x3F, (mid & 0x0F) | ((lo >> 2) & 0x30)], dim=-1).float()  # [n, blocks, 8]
+        mins = torch.cat([hi & 0x3F, (mid >> 4) | ((hi >> 2) & 0x30)], dim=-1).float()
+        d, m = f16(0) * scale, -(f16(2) * mins)
+        # 32-byte chunk c: sub-block 2c in its low nibbles, 2c + 1 in its high ones
+        qs = b[:, :, 16:].reshape(n, k // qk, 4, 32)
+        q = torch.stack([qs & 0x0F, qs >> 4], dim=3)  # [n, blocks, 4, 2, 32]
+    else:
+        raise ValueError(f"{NAMES.get(type_id, type_id)} blocks are not 4-bit d * q + m groups")
+    return q.reshape(n, k), d.reshape(n, k // 32).half(), m.reshape(n, k // 32).half()
+
+
 class GGUFLinear(nn.Module):
     """y = x @ W.T + bias, W [out, in] held only as GGUF blocks. x: [T, in] -> [T, out], x's dtype.
 
     shards: (ggml type, blocks uint8 [rows, in / QK * NB]) in output-row order, on the device;
-    dtype: the model's, for the shared scratch matrix of bigger steps."""
+    dtype: the model's, for the shared scratch matrix of bigger steps. int4: matrices of INT4_TYPES
+    become Int4Linear parts (the same nibbles, with float16 d and m per 32 columns) and run the
+    W4A16 kernels; the other types keep their blocks and the GGUF kernel."""
 
     def __init__(self, shards: list[tuple[int, torch.Tensor]], in_features: int,
-                 bias: torch.Tensor | None, dtype: torch.dtype):
+                 bias: torch.Tensor | None, dtype: torch.dtype, int4: bool = True):
         super().__init__()
+        from nextok.quant.int4 import Int4Linear
+
         merged: list[tuple[int, list[torch.Tensor]]] = []
         for type_id, raw in shards:
             check(type_id, raw.shape[0], in_features, raw.contiguous())
@@ -64,74 +110,99 @@ class GGUFLinear(nn.Module):
             else:
                 merged.append((type_id, [raw]))
         self.in_features = in_features
+        self.out_features = sum(raw.shape[0] for _, raw in shards)
+        if bias is not None and tuple(bias.shape) != (self.out_features,):
+            raise ValueError(f"bias of shape {list(bias.shape)} for {self.out_features} output rows")
+        bias = None if bias is None else bias.detach().to(dtype)
         self.types: list[int] = []
         self.offsets: list[int] = []  # each matrix's first output row
-        rows = 0
+        self.int4 = nn.ModuleDict()  # matrix index -> Int4Linear (with its part of the bias)
+        rows = block_rows = 0
         for i, (type_id, parts) in enumerate(merged):
             blocks = torch.cat(parts).contiguous() if len(parts) > 1 else parts[0].contiguous()
-            self.register_buffer(f"blocks{i}", blocks)
+            end = rows + blocks.shape[0]
+            if int4 and type_id in INT4_TYPES:
+                self.int4[str(i)] = Int4Linear(*int4_groups(type_id, blocks, in_features),
+                                               None if bias is None else bias[rows:end])
+            else:
+                self.register_buffer(f"blocks{i}", blocks)
+                block_rows += blocks.shape[0]
             self.types.append(type_id)
             self.offsets.append(rows)
-            rows += blocks.shape[0]
-        self.out_features = rows
-        if bias is not None and tuple(bias.shape) != (rows,):
-            raise ValueError(f"bias of shape {list(bias.shape)} for {rows} output rows")
-        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
-        device = self.blocks0.device
-        self._scratch = scratch(device, dtype, min(rows * in_features, SCRATCH_LIMIT))
+            rows = end
+        self.register_buffer("bias", bias)
+        device = shards[0][1].device
+        self._scratch = scratch(device, dtype, min(block_rows * in_features, SCRATCH_LIMIT)) if block_rows else None
         self.kernel_rows = kernel_rows()
+        # one Int4Linear for the whole layer (the usual case): forward is that layer's
+        self._whole = self.int4["0"] if len(self.types) == 1 and self.int4 else None
 
-    def matrices(self) -> list[tuple[int, int, torch.Tensor]]:
-        """(first output row, ggml type, blocks) of each matrix."""
-        return [(off, t, getattr(self, f"blocks{i}"))
+    def matrices(self) -> list[tuple[int, int, torch.Tensor | nn.Module]]:
+        """(first output row, ggml type, its blocks or the Int4Linear it became) of each matrix."""
+        return [(off, t, self.int4[str(i)] if str(i) in self.int4 else getattr(self, f"blocks{i}"))
                 for i, (off, t) in enumerate(zip(self.offsets, self.types))]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in] -> [T, out]
+        if self._whole is not None:
+            return self._whole(x)
         if x.stride(-1) != 1:
             x = x.contiguous()
         bias = self.bias if self.bias is None or self.bias.dtype == x.dtype else self.bias.to(x.dtype)
-        if x.shape[0] <= self.kernel_rows:
-            return self._blocks_step(x, bias)
-        return self._dense_step(x, bias)
-
-    def _blocks_step(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         mats = self.matrices()
-        if len(mats) == 1:
-            return gguf_matmul(x, mats[0][2], mats[0][1], self.in_features, bias)
+        small = x.shape[0] <= self.kernel_rows
+        if len(mats) == 1:  # blocks
+            return (gguf_matmul(x, mats[0][2], mats[0][1], self.in_features, bias) if small
+                    else self._dense_rows(x, bias, 0, self.out_features))
+        if not small and not self.int4:  # blocks only: one dequantization, one matmul
+            return self._dense_rows(x, bias, 0, self.out_features)
         y = torch.empty(x.shape[0], self.out_features, dtype=x.dtype, device=x.device)
-        for off, type_id, blocks in mats:  # each matrix writes its columns of y
-            end = off + blocks.shape[0]
-            gguf_matmul(x, blocks, type_id, self.in_features,
-                        None if bias is None else bias[off:end], out=y[:, off:end])
+        for off, type_id, w in mats:  # each matrix writes its columns of y
+            end = off + w.out_features if isinstance(w, nn.Module) else off + w.shape[0]
+            part = None if bias is None else bias[off:end]
+            if isinstance(w, nn.Module):
+                y[:, off:end] = w(x)
+            elif small:
+                gguf_matmul(x, w, type_id, self.in_features, part, out=y[:, off:end])
+            else:
+                y[:, off:end] = self._dense_rows(x, part, off, end)
         return y
 
-    def _dense_step(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """Dequantize into the scratch matrix (in row chunks if it holds less than W), then
-        multiply: one dequantization per call, whatever the rows."""
-        k, n = self.in_features, self.out_features
+    def forward_silu_mul(self, gate_up: torch.Tensor, ops) -> torch.Tensor:
+        """The down projection of silu(gate) * up (model/layers.py SwiGLU): an Int4Linear's own
+        where it is the whole layer, else silu_mul first."""
+        if self._whole is not None:
+            return self._whole.forward_silu_mul(gate_up, ops)
+        return self(ops.silu_mul(gate_up))
+
+    def _dense_rows(self, x: torch.Tensor, bias: torch.Tensor | None, a0: int, b0: int) -> torch.Tensor:
+        """Output columns a0..b0 (blocks matrices only) for a big step: dequantize those rows of W
+        into the scratch matrix (in row chunks if it holds less), then multiply."""
+        k, n = self.in_features, b0 - a0
         buf = self._scratch
         if buf.dtype != x.dtype:  # not the model's dtype (checks): a buffer of its own
             buf = torch.empty(min(n * k, SCRATCH_LIMIT), dtype=x.dtype, device=x.device)
         step = max(1, min(n, buf.numel() // k))
         if step == n:
-            return nn.functional.linear(x, self._dequantize_rows(0, n, buf), bias)
+            return nn.functional.linear(x, self._dequantize_rows(a0, b0, buf), bias)
         y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
-        for a in range(0, n, step):
-            b = min(n, a + step)
-            y[:, a:b] = nn.functional.linear(x, self._dequantize_rows(a, b, buf),
-                                             None if bias is None else bias[a:b])
+        for a in range(a0, b0, step):
+            b = min(b0, a + step)
+            y[:, a - a0:b - a0] = nn.functional.linear(x, self._dequantize_rows(a, b, buf),
+                                                       None if bias is None else bias[a - a0:b - a0])
         return y
 
     def _dequantize_rows(self, a: int, b: int, buf: torch.Tensor) -> torch.Tensor:
-        """Rows a..b of W -> a [b - a, in] view at the start of buf."""
+        """Rows a..b of W (blocks matrices) -> a [b - a, in] view at the start of buf."""
         w = buf[:(b - a) * self.in_features].view(b - a, self.in_features)
         for off, type_id, blocks in self.matrices():
+            if isinstance(blocks, nn.Module):
+                continue
             lo, hi = max(a, off), min(b, off + blocks.shape[0])
             if lo < hi:
                 dequantize(blocks[lo - off:hi - off], type_id, self.in_features, w[lo - a:hi - a])
         return w
 
     def extra_repr(self) -> str:
-        types = "+".join(NAMES[t] for t in self.types)
-        return f"in={self.in_features}, out={self.out_features}, {types} blocks up to {self.kernel_rows} rows"
+        types = "+".join(NAMES[t] + (" (W4A16)" if str(i) in self.int4 else "") for i, t in enumerate(self.types))
+        return f"in={self.in_features}, out={self.out_features}, {types}, blocks up to {self.kernel_rows} rows"

@@ -1,11 +1,13 @@
 """The CUDA wiring of packed GGUF weights (LlamaForCausalLM.use_gguf_device_blocks, GGUFLinear):
 a tiny random GGUF model whose matrices use every type the Triton kernel reads gives the same
-greedy tokens with its weights kept as blocks as with them dequantized (--no-gguf-blocks).
+greedy tokens with its weights kept packed (Q4_0 / Q4_1 / Q4_K in the W4A16 layout, the rest as
+blocks) as with them dequantized (--no-gguf-blocks).
 
 Without a GPU the engine runs on CPU with the Triton attention backend in Triton's interpreter,
 and the runner's CUDA-only switch (`_gguf_on_device`) is turned on for it (cpu_kernels off, so
 the CPU's own block path stays out of the way). Float32: the same weights, only the summation
-order differs; on random weights logit near-ties are far below that order's ~1e-6."""
+order differs, and Q4_K's sub-block scales and mins are rounded to float16 (2^-11 of each);
+on these random weights no greedy choice is that close."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,6 +20,7 @@ pytest.importorskip("triton")
 from nextok import LLM, SamplingParams  # noqa: E402
 from nextok.kernels.triton.gguf_linear import TYPES  # noqa: E402
 from nextok.quant.gguf_cuda import GGUFLinear  # noqa: E402
+from nextok.quant.int4 import Int4Linear  # noqa: E402
 from nextok.worker.model_runner import ModelRunner  # noqa: E402
 from tests.kernels.test_triton_gguf_linear import random_blocks  # noqa: E402
 
@@ -85,6 +88,9 @@ def test_weights_stay_packed_one_layer_per_linear(engines):
     layers = [m for m in model.modules() if isinstance(m, GGUFLinear)]
     assert len(layers) == 4 * len(LAYER_TYPES) + 1  # qkv, o, gate_up, down per layer + lm_head
     assert model.layers[0].self_attn.qkv_proj.types == [Q4_K, Q6_K]  # q + k, then v
+    assert list(model.layers[0].self_attn.qkv_proj.int4) == ["0"]  # q + k in the W4A16 layout
+    assert isinstance(model.layers[0].mlp.gate_up_proj._whole, Int4Linear)  # Q4_0 gate and up
+    assert model.layers[1].self_attn.o_proj.types == [Q4_1] and model.layers[1].self_attn.o_proj._whole
     assert model.layers[1].self_attn.qkv_proj.types == [Q5_0, Q8_0]
     assert model.layers[1].mlp.gate_up_proj.types == [Q4_K, Q5_K]
     assert model.layers[1].mlp.down_proj.types == [Q5_1]

@@ -49,6 +49,15 @@ def reference_weight(raw: np.ndarray, type_id: int, k: int) -> torch.Tensor:
     return gguf_format.dequantize(raw.reshape(-1).copy(), type_id, n * k).view(n, k)
 
 
+def layer_weight(raw: np.ndarray, type_id: int, k: int) -> torch.Tensor:
+    """The weight a GGUFLinear holds for these blocks: the loader's, but Q4_K's d * sc and dmin *
+    mn rounded to float16 where the layer converts it to the W4A16 layout (gguf_cuda.int4_groups)."""
+    if type_id not in gguf_cuda.INT4_TYPES:
+        return reference_weight(raw, type_id, k)
+    q, d, m = gguf_cuda.int4_groups(type_id, torch.from_numpy(raw), k)
+    return (d.float().repeat_interleave(32, 1) * q.float() + m.float().repeat_interleave(32, 1))
+
+
 def assert_matches(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype):
     assert y.dtype == dtype and y.shape == ref.shape
     tol = TOL[dtype]
@@ -111,11 +120,12 @@ def test_layer_of_mixed_shards_with_bias(rows, kernel_rows, dtype, monkeypatch):
     k = 256
     shards = [(12, random_blocks(12, 16, k, 0)), (12, random_blocks(12, 8, k, 1)),
               (14, random_blocks(14, 8, k))]
-    w = torch.cat([reference_weight(raw, t, k) for t, raw in shards])
+    w = torch.cat([layer_weight(raw, t, k) for t, raw in shards])
     bias = torch.randn(32, generator=torch.Generator().manual_seed(2)) * 0.1
     layer = GGUFLinear([(t, torch.from_numpy(raw).to(DEVICE)) for t, raw in shards], k,
                        bias.to(DEVICE), dtype)
     assert layer.types == [12, 14] and layer.offsets == [0, 24] and layer.out_features == 32
+    assert list(layer.int4) == ["0"] and layer._whole is None  # q + k: W4A16; v: blocks
     assert layer.kernel_rows == (int(kernel_rows) if kernel_rows else KERNEL_ROWS)
     x = _x(rows, k, dtype)
     layer._scratch.fill_(7.0)

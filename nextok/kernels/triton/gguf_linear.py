@@ -28,10 +28,14 @@ cores; more: tl.dot with the rows padded to BLOCK_M (16 or more). Bigger steps (
 dequantize the whole weight with the same code into a scratch matrix (`dequantize`), then a dense
 matmul (quant/gguf_cuda.py decides where, at KERNEL_ROWS).
 
-Not yet run on a GPU: correct in Triton's interpreter, and it compiles for sm_90 without register
-spills (tests/kernels/test_triton_gguf_linear.py). Every weight byte is gathered per element (a
-nibble byte twice; a scale, or Q5_0 / Q5_1's qh word, once per sub-block), so the tiles are a
-first guess, to be measured.
+Measured on an H100 (2026-12-06-gguf-h100.md, benchmarks/gpu/gguf_probe.py): correct (within
+bfloat16 rounding at every tile) but slow. Every weight byte is gathered per element (a nibble
+byte twice; a scale, or Q5_0 / Q5_1's qh word, once per sub-block) from blocks whose sizes (18,
+22, 34, 210 bytes) leave no aligned words: at one row an 8B gate_up read 0.6-0.85 TB/s of Q4_K /
+Q6_K blocks and 1.4 of Q8_0, 0.7-0.85x bf16's time, and at 8 rows 0.4-0.7x. So the 4-bit types
+with a scale and min per 32 weights (Q4_0, Q4_1, Q4_K) do not come here on CUDA: the layer
+converts them to the W4A16 layout (quant/gguf_cuda.py). For the rest a faster kernel needs the
+blocks repacked into aligned planes at load.
 """
 from __future__ import annotations
 
