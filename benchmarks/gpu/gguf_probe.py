@@ -7,7 +7,8 @@ For each shape y = x @ W.T (N x K), each ggml type (default Q4_0, Q4_K, Q5_0, Q6
 PROBE_GGUF_ROWS rows (default 1 and 8): bf16 through cuBLAS; past 16 rows the layer's dense path
 (dequantize into a scratch matrix, then cuBLAS); the GGUF kernel at every tile of a small grid
 (past 16 rows with 16, 32 or 64 rows a program); and for Q4_0 / Q4_1 / Q4_K the W4A16 layer
-they are converted to (quant/gguf_cuda.py), on its own tiles. Each is timed as a CUDA graph of
+they are converted to (quant/gguf_cuda.py), on its own tiles, with d and m in row order and in
+group order (quant/int4.py GROUP_MAJOR_MAX). Each is timed as a CUDA graph of
 24 calls with the weights rotating over copies larger than the L2 (w4a16_probe.graph_us).
 Random blocks with sane f16 scales; every output is checked against dequantize + F.linear.
 Writes every timing to OUT.json (rewritten after each shape and type); PROBE_BN, PROBE_NW and
@@ -92,8 +93,11 @@ def main() -> int:
                 r["dequantize_cublas_us"] = graph_us(
                     lambda i: F.linear(x, gl.dequantize(packs[i], type_id, k, scratch)), copies)
             if int4s:  # what the layer runs for this type: the W4A16 kernels on the converted weight
-                r["w4a16_us"] = graph_us(lambda i: int4s[i](x), copies)
-                r["w4a16_rel_err"] = ((int4s[0](x).float() - ref).abs().max() / ref.abs().max()).item()
+                for key, group_major in (("w4a16", False), ("w4a16_group_major", True)):  # d, m order
+                    for layer in int4s:
+                        layer.set_scale_order(group_major)
+                    r[f"{key}_us"] = graph_us(lambda i: int4s[i](x), copies)
+                    r[f"{key}_rel_err"] = ((int4s[0](x).float() - ref).abs().max() / ref.abs().max()).item()
             sweep = []
             for cfg in tiles_for(rows):
                 gl.set_config(cfg)
@@ -111,7 +115,8 @@ def main() -> int:
                      speedup_vs_bf16=r["bf16_cublas_us"] / best["us"])
             results.append(r)
             dense = f" | dequantize + cuBLAS {r['dequantize_cublas_us']:6.1f} us" if rows > 16 else ""
-            dense += f" | W4A16 {r['w4a16_us']:6.1f} us (rel err {r['w4a16_rel_err']:.1e})" if int4s else ""
+            dense += (f" | W4A16 {r['w4a16_us']:6.1f} us, group-major d, m {r['w4a16_group_major_us']:6.1f} "
+                      f"(rel err {r['w4a16_rel_err']:.1e})") if int4s else ""
             print(f"{n:>6}x{k:<6} {gl.NAMES[type_id]:5} rows {rows}: bf16 {r['bf16_cublas_us']:6.1f} us{dense} | "
                   f"gguf {best['us']:6.1f} us ({r['gguf_tbps']:.2f} TB/s of blocks, {r['speedup_vs_bf16']:.2f}x, "
                   f"rel err {best['rel_err']:.1e}) tile {best}", flush=True)

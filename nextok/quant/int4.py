@@ -27,6 +27,12 @@ from nextok.errors import NextokError
 from nextok.quant.base import QuantMethod, bias_parameter, triton_gemv_rows
 
 Q4_1 = 3  # ggml's type id for Q4_1 blocks
+# On CUDA, layers with groups of up to this many columns keep d and m in group order: in row
+# order a tile of 128 rows reads them as 128 runs of 2 * groups-in-tile bytes, each a row
+# (256 bytes at groups of 32 and K = 4096) apart, the short scattered runs that DRAM serves
+# slowly (int4_words.LAYOUT), and at groups of 32 they are 20 % of the bytes. 0: off until timed
+# (benchmarks/gpu/gguf_probe.py times both orders).
+GROUP_MAJOR_MAX = 0
 
 
 @functools.cache
@@ -119,6 +125,7 @@ class Int4Linear(nn.Module):
             from nextok.kernels.triton.int4_words import LAYOUT
 
             self.set_layout(LAYOUT)
+            self.set_scale_order(group <= GROUP_MAJOR_MAX)
 
     def set_layout(self, layout: tuple[int, int] | None) -> None:
         """Keep the words row-major (None) or in tiles of layout (rows, words), where their shape
@@ -131,6 +138,13 @@ class Int4Linear(nn.Module):
         else:
             layout = None
         self.qweight, self.layout = words, layout
+
+    def set_scale_order(self, group_major: bool) -> None:
+        """d and m [out, groups] in row order (False) or group order (True: a view of a
+        [groups, out] tensor), which the kernels read through their strides."""
+        for name in ("scales", "mins"):
+            t = getattr(self, name)
+            setattr(self, name, t.t().contiguous().t() if group_major else t.contiguous())
 
     def row_major_words(self) -> torch.Tensor:
         """qweight as int32 [out, in / 8] in row order, whatever its layout."""

@@ -280,6 +280,42 @@ def test_w4a16_on_whole_tiles_drops_the_masks_and_gives_the_same_products(monkey
         assert all(torch.equal(r, results[0]) for r in results[1:]), split
 
 
+@pytest.mark.parametrize("stream", [0, 3])
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_w4a16_on_group_major_scales_equals_row_major(monkeypatch, rows, stream):
+    """d and m in group order (Int4Linear.set_scale_order(True): views of [groups, N] tensors,
+    read through their strides) give the row-order products bit for bit: the split grid, the
+    stream (one row), tl.dot (40 rows), with silu(gate) * up, and the one-pass dequantize."""
+    from nextok.kernels.triton import w4a16_tiles
+
+    if stream and rows > 1:
+        pytest.skip("the stream takes one row")
+    n, k, group = SHAPES[1]  # groups of 32, as GGUF's Q4 types
+    w, x, b = _data(torch.bfloat16, n, k, rows)
+    gate_up = torch.randn(rows, 2 * k, generator=torch.Generator().manual_seed(rows)).to(DEVICE, torch.bfloat16)
+    q, d, m = quantize_groups(w, group)
+    words = words4.tile_words(pack_words(q).to(DEVICE), TILES)
+    d, m = d.to(DEVICE), m.to(DEVICE)
+    dg, mg = d.t().contiguous().t(), m.t().contiguous().t()
+    assert dg.stride() == (1, n) and torch.equal(dg, d)
+    if stream:
+        tile = dict(SPLIT=1, DEPTH=1, XAHEAD=0, STREAM=stream)
+        config = w4a16_tiles.config
+        monkeypatch.setattr(w4a16_tiles, "config", lambda *a: (lambda dot, cfg: (dot, dict(cfg, **tile)))(*config(*a)))
+    for inp, silu in ((x, False), (gate_up, True)):
+        assert torch.equal(w4a16(inp, words, dg, mg, b, silu_mul=silu, layout=TILES),
+                           w4a16(inp, words, d, m, b, silu_mul=silu, layout=TILES))
+    assert torch.equal(words4.dequantize(words, dg, mg, torch.bfloat16, layout=TILES),
+                       words4.dequantize(words, d, m, torch.bfloat16, layout=TILES))
+    with pytest.raises(ValueError, match="d and m must share row- or group-major strides"):
+        w4a16(x, words, dg, m, layout=TILES)
+    layer = Int4Linear(q.to(DEVICE), d, m, b)
+    want = layer(x)
+    layer.set_scale_order(True)
+    assert layer.scales.stride() == (1, n) and layer.mins.stride() == (1, n)
+    assert torch.equal(layer(x), want)
+
+
 @pytest.mark.parametrize("programs", [1, 3, 7, 40])
 def test_w4a16_stream_gives_the_split_grids_products(monkeypatch, programs):
     """One row as a stream (STREAM programs, each a run of (row tile, K tile) steps; runs that

@@ -40,7 +40,7 @@ def _tile_step(kw0, LN: tl.constexpr):
 
 
 @triton.jit
-def _dequant_kernel(w_ptr, d_ptr, m_ptr, out_ptr, N, KW, G, WPG: tl.constexpr, BLOCK_N: tl.constexpr,
+def _dequant_kernel(w_ptr, d_ptr, m_ptr, out_ptr, N, KW, G, S_DN, S_DG, WPG: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_W: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr):
     # Program (block of rows, block of words): out [N, 8 KW] = d * q + m in out's dtype, as
     # float32 then rounded (dequantize_groups' arithmetic). words [N, KW]; d, m [N, G].
@@ -49,7 +49,7 @@ def _dequant_kernel(w_ptr, d_ptr, m_ptr, out_ptr, N, KW, G, WPG: tl.constexpr, B
     ok = (n < N)[:, None] & (j < KW)[None, :]
     w = tl.load(_tile_ptrs(w_ptr, n[:, None].to(tl.int64), j[None, :], KW, 0, LN, LW), mask=ok,
                 other=0)  # [BLOCK_N, BLOCK_W] (TW = 0: j may span tiles)
-    grp = n[:, None] * G + j[None, :] // WPG
+    grp = n[:, None] * S_DN + (j[None, :] // WPG) * S_DG  # d[n, g] at n * S_DN + g * S_DG
     d = tl.load(d_ptr + grp, mask=ok, other=0.0).to(tl.float32)
     mn = tl.load(m_ptr + grp, mask=ok, other=0.0).to(tl.float32)
     q = (w[:, :, None] >> (4 * tl.arange(0, 8))[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_W, 8]
@@ -109,6 +109,6 @@ def dequantize(words: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtype: tor
             raise ValueError(f"words {[n, kw]} do not make tiles of {layout} (rows, words)")
         block_w = min(64, triton.next_power_of_2(kw))
         _dequant_kernel[(triton.cdiv(n, 16), triton.cdiv(kw, block_w))](
-            words, d, m, out, n, kw, g, WPG=wpg, BLOCK_N=16, BLOCK_W=block_w, num_warps=4,
+            words, d, m, out, n, kw, g, *d.stride(), WPG=wpg, BLOCK_N=16, BLOCK_W=block_w, num_warps=4,
             **layout_args(layout))
     return out

@@ -87,15 +87,17 @@ def _x_tile(x_rows, xw, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL: tl.constexpr):
 
 
 @triton.jit
-def _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG: tl.constexpr, GT: tl.constexpr,
-            EVEN: tl.constexpr = False):
+def _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, S_DN, S_DG, WPG: tl.constexpr,
+            GT: tl.constexpr, EVEN: tl.constexpr = False):
     # d and m of the GT groups from word kw0 of rows n, float32 [1, BLOCK_N, GT] (EVEN: as
-    # _w_tile's, unmasked, the last tile's past K)
+    # _w_tile's, unmasked, the last tile's past K). d[n, g] at n * S_DN + g * S_DG: row-major
+    # (G, 1) or group-major (1, N; quant/int4.py GROUP_MAJOR)
     if EVEN:
-        gptr = n[None, :, None] * G + tl.minimum(kw0, G * WPG - GT * WPG) // WPG + tl.arange(0, GT)[None, None, :]
+        grp = tl.minimum(kw0, G * WPG - GT * WPG) // WPG + tl.arange(0, GT)[None, None, :]
+        gptr = n[None, :, None] * S_DN + grp * S_DG
         return tl.load(d_ptr + gptr).to(tl.float32), tl.load(m_ptr + gptr).to(tl.float32)
     grp = kw0 // WPG + tl.arange(0, GT)[None, None, :]  # [1, 1, GT]
-    gptr = n[None, :, None] * G + grp
+    gptr = n[None, :, None] * S_DN + grp * S_DG
     g_mask = n_ok[None, :, None] & (grp * WPG >= kw_lo) & (grp * WPG < kw_hi)
     d = tl.load(d_ptr + gptr, mask=g_mask, other=0.0).to(tl.float32)
     mn = tl.load(m_ptr + gptr, mask=g_mask, other=0.0).to(tl.float32)
@@ -103,19 +105,19 @@ def _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG: tl.constexpr, GT: 
 
 
 @triton.jit
-def _tile_loads(w_tile, wword, kw0, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, x_rows, xword,
+def _tile_loads(w_tile, wword, kw0, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, S_DN, S_DG, x_rows, xword,
                 xrow_ok, TW: tl.constexpr, WPG: tl.constexpr, GT: tl.constexpr, LN: tl.constexpr,
                 EVEN: tl.constexpr, SILU_MUL: tl.constexpr):
     # everything the tile at word kw0 multiplies: (W's words, x, up, d, m) (UNROLL's buffers)
     w = _w_tile(w_tile, wword, kw0, n_ok4, kw_lo, kw_hi, KW - TW, LN, EVEN)
-    d, mn = _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG, GT, EVEN)
+    d, mn = _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, S_DN, S_DG, WPG, GT, EVEN)
     x, up = _x_tile(x_rows, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
     return w, x, up, d, mn
 
 
 @triton.jit
 def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-                       M, N, KW, G, s_xm, s_ym, WPG: tl.constexpr, GT: tl.constexpr,
+                       M, N, KW, G, S_DN, S_DG, s_xm, s_ym, WPG: tl.constexpr, GT: tl.constexpr,
                        SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                        INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr, LN: tl.constexpr,
@@ -124,7 +126,7 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),): a program takes BLOCK_M rows of x,
     # BLOCK_N rows of W and a SPLIT-th of K; the programs of one tile of W run side by side, so
     # its bytes come from DRAM once. x [M, 8 KW]; words [N, KW]; d, m [N, G]; y [M, N]. A tile:
-    # [BLOCK_N, GT, WPG] words, GT whole groups. With SPLIT > 1 each program leaves its float32
+    # [BLOCK_N, GT, WPG] words, GT whole groups; d[n, g] at n * S_DN + g * S_DG. With SPLIT > 1 each program leaves its float32
     # sums in part [SPLIT, M, N] and the last of a tile's SPLIT programs (count [cdiv(N,
     # BLOCK_N), cdiv(M, BLOCK_M)], zeros between calls) adds them in split order and writes y.
     # Shapes below: x side [BLOCK_M, 1, GT, WPG], W side [1, BLOCK_N, GT, WPG].
@@ -182,7 +184,7 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     # layer's four matmuls 50.7 -> 48.3 us.
     x_rows = x_ptr + xrow * s_xm + col
     if XAHEAD:
-        d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw_start, kw_lo, kw_hi, G, WPG, GT, EVEN)
+        d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw_start, kw_lo, kw_hi, G, S_DN, S_DG, WPG, GT, EVEN)
     pdl_wait(PDL)
     if XAHEAD:
         x_next, up_next = _x_tile(x_rows, kw_start + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
@@ -196,29 +198,29 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
         a_w, a_x, a_up, a_d, a_m = w_next, x_next, up_next, d_next, mn_next
         if DEPTH == 2:
             b_w = w_after
-            b_d, b_m = _scales(d_ptr, m_ptr, n, n_ok, kw_start + TW, kw_lo, kw_hi, G, WPG, GT, EVEN)
+            b_d, b_m = _scales(d_ptr, m_ptr, n, n_ok, kw_start + TW, kw_lo, kw_hi, G, S_DN, S_DG, WPG, GT, EVEN)
             b_x, b_up = _x_tile(x_rows, kw_start + TW + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
         for kw0 in range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi,
                          (DEPTH + 1) * TW):
             if DEPTH == 1:
                 b_w, b_x, b_up, b_d, b_m = _tile_loads(
-                    w_tile, wword, kw0 + TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G,
+                    w_tile, wword, kw0 + TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, S_DN, S_DG,
                     x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
             else:
                 c_w, c_x, c_up, c_d, c_m = _tile_loads(
-                    w_tile, wword, kw0 + 2 * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G,
+                    w_tile, wword, kw0 + 2 * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, S_DN, S_DG,
                     x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
             acc = _tile_products(acc, a_w, a_x, a_up, a_d, a_m, x_ptr.dtype.element_ty, SILU_MUL,
                                  BLOCK_M, BLOCK_N, GT, WPG, INTERPRET, XRUN)
             a_w, a_x, a_up, a_d, a_m = _tile_loads(
                 w_tile, wword, kw0 + (DEPTH + 1) * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok,
-                G, x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
+                G, S_DN, S_DG, x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
             if kw0 + TW < (KW_INTERPRET if INTERPRET else kw_hi):
                 acc = _tile_products(acc, b_w, b_x, b_up, b_d, b_m, x_ptr.dtype.element_ty, SILU_MUL,
                                      BLOCK_M, BLOCK_N, GT, WPG, INTERPRET, XRUN)
             if DEPTH == 2:
                 b_w, b_x, b_up, b_d, b_m = _tile_loads(
-                    w_tile, wword, kw0 + 4 * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G,
+                    w_tile, wword, kw0 + 4 * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, S_DN, S_DG,
                     x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
                 if kw0 + 2 * TW < (KW_INTERPRET if INTERPRET else kw_hi):
                     acc = _tile_products(acc, c_w, c_x, c_up, c_d, c_m, x_ptr.dtype.element_ty,
@@ -234,10 +236,10 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
             if XAHEAD:
                 x, up, d, mn = x_next, up_next, d_next, mn_next
                 x_next, up_next = _x_tile(x_rows, kw0 + TW + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
-                d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw0 + TW, kw_lo, kw_hi, G, WPG, GT, EVEN)
+                d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw0 + TW, kw_lo, kw_hi, G, S_DN, S_DG, WPG, GT, EVEN)
             else:
                 x, up = _x_tile(x_rows, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
-                d, mn = _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, WPG, GT, EVEN)
+                d, mn = _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, S_DN, S_DG, WPG, GT, EVEN)
             acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, BLOCK_M,
                                  BLOCK_N, GT, WPG, INTERPRET, XRUN)
     out = tl.sum(tl.sum(acc, axis=3), axis=2)  # [BLOCK_M, BLOCK_N]
@@ -292,6 +294,8 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
                          f"{d.shape[1]} groups")
     if layout and not can_tile(n, kw, layout):
         raise ValueError(f"words {list(words.shape)} do not make tiles of {layout} (rows, words)")
+    if d.stride() != m.stride() or 1 not in d.stride():
+        raise ValueError(f"d and m must share row- or group-major strides, not {d.stride()} and {m.stride()}")
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if rows:
         dot, cfg = w4a16_tiles.config(rows, n, k, group, x.device)
@@ -316,11 +320,11 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
             part, count = _scratch(x.device, cfg["SPLIT"] * rows * n, tiles * mb)
             grid = (tiles * cfg["SPLIT"] * mb,)
             if dot:
-                _w4a16_dot_kernel[grid](*args, part, count, rows, n, kw, d.shape[1], x.stride(0),
+                _w4a16_dot_kernel[grid](*args, part, count, rows, n, kw, d.shape[1], *d.stride(), x.stride(0),
                                         y.stride(0), IEEE=INTERPRETED or x.dtype == torch.float32, **common)
             else:
                 _w4a16_dp4a_kernel[grid](
-                    *args, part, count, rows, n, kw, d.shape[1], x.stride(0), y.stride(0),
+                    *args, part, count, rows, n, kw, d.shape[1], *d.stride(), x.stride(0), y.stride(0),
                     SILU_MUL=silu_mul, EVEN=n % cfg["BLOCK_N"] == 0 and kw % (cfg["GT"] * group // 8) == 0,
                     **common)
     return y

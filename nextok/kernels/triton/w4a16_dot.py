@@ -124,7 +124,7 @@ def _dot(acc, a, w2, IEEE: tl.constexpr):
 
 @triton.jit
 def _w4a16_dot_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, KW, G,
-                      s_xm, s_ym, WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      S_DN, S_DG, s_xm, s_ym, WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                       IEEE: tl.constexpr, INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr,
                       LN: tl.constexpr, LW: tl.constexpr, JOIN: tl.constexpr = 0,
@@ -163,8 +163,8 @@ def _w4a16_dot_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_
         hi = w >> 16
         grp = kw0 // WPG + g3  # [1, GT, 1]
         g_mask = n_ok3 & (grp < G)
-        d = tl.load(d_ptr + n3 * G + grp, mask=g_mask, other=0.0).to(tl.float32)  # [BLOCK_N, GT, 1]
-        mn = tl.load(m_ptr + n3 * G + grp, mask=g_mask, other=0.0).to(tl.float32)
+        d = tl.load(d_ptr + n3 * S_DN + grp * S_DG, mask=g_mask, other=0.0).to(tl.float32)  # [BLOCK_N, GT, 1]
+        mn = tl.load(m_ptr + n3 * S_DN + grp * S_DG, mask=g_mask, other=0.0).to(tl.float32)
         dtype = tl.float32 if IEEE else x_ptr.dtype.element_ty
         if JOIN:
             if PAIRS:

@@ -25,7 +25,7 @@ from nextok.kernels.triton.w4a16 import INTERPRETED, _scales, _scratch, _x_tile
 
 @triton.jit
 def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-                         N, KW, G, WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         N, KW, G, S_DN, S_DG, WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
                          SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                          INTERPRET: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr,
                          XRUN: tl.constexpr = 0):
@@ -55,7 +55,7 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, cou
     kw0 = (it_lo - r * T) * TW
     # the next step's words, scales (constants: before the PDL wait) and x, loaded a step ahead
     w_next = _stream_w(w_tile, wword, lane, r, kw0, it_lo < it_hi, N, KW, BLOCK_N, LN)
-    sc_next = _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, BLOCK_N, WPG, GT)
+    sc_next = _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, S_DN, S_DG, BLOCK_N, WPG, GT)
     pdl_wait(PDL)
     x_next = _x_tile(x_rows, kw0 + xword, True, 0, KW, KW, SILU_MUL)
     acc = tl.zeros([1, BLOCK_N, GT, WPG // 4], dtype=tl.float32)
@@ -67,20 +67,20 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, cou
             acc, w_next, sc_next, x_next, r, kw0 = _stream_step(
                 acc, w_next, sc_next, x_next, r, kw0, it + 1 < it_hi, T, total, P, pid, w_tile,
                 wword, lane, x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-                N, KW, G, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN)
+                N, KW, G, S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN)
             it += 1
     else:
         for it in range(it_lo, it_hi):
             acc, w_next, sc_next, x_next, r, kw0 = _stream_step(
                 acc, w_next, sc_next, x_next, r, kw0, it + 1 < it_hi, T, total, P, pid, w_tile,
                 wword, lane, x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-                N, KW, G, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN)
+                N, KW, G, S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN)
 
 
 @triton.jit
 def _stream_step(acc, w_next, sc_next, x_next, r, kw0, more, T, total, P, pid, w_tile, wword, lane,
                  x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G,
-                 WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 S_DN, S_DG, WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
                  SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
                  LN: tl.constexpr, XRUN: tl.constexpr):
     # The step at (row tile r, word kw0): its products from what the last step loaded, the
@@ -95,7 +95,7 @@ def _stream_step(acc, w_next, sc_next, x_next, r, kw0, more, T, total, P, pid, w
     d, mn = sc_next
     x, up = x_next
     w_next = _stream_w(w_tile, wword, lane, r_next, kw_next, more, N, KW, BLOCK_N, LN)
-    sc_next = _stream_scales(d_ptr, m_ptr, lane, r_next, kw_next, N, KW, G, BLOCK_N, WPG, GT)
+    sc_next = _stream_scales(d_ptr, m_ptr, lane, r_next, kw_next, N, KW, G, S_DN, S_DG, BLOCK_N, WPG, GT)
     x_next = _x_tile(x_rows, kw_next + xword, True, 0, KW, KW, SILU_MUL)
     acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, 1, BLOCK_N, GT,
                          WPG, INTERPRET, XRUN)
@@ -107,12 +107,12 @@ def _stream_step(acc, w_next, sc_next, x_next, r, kw0, more, T, total, P, pid, w
 
 
 @triton.jit
-def _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, BLOCK_N: tl.constexpr, WPG: tl.constexpr,
+def _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, S_DN, S_DG, BLOCK_N: tl.constexpr, WPG: tl.constexpr,
                    GT: tl.constexpr):
     # (d, m) of row tile r's groups from word kw0, [1, BLOCK_N, GT]: the first tile's pointers
     # and an offset, so lane * G stays out of the loop (past the last row tile: masked)
-    off = r * BLOCK_N * G
-    return _scales(d_ptr + off, m_ptr + off, lane, lane < N - r * BLOCK_N, kw0, 0, KW, G, WPG, GT)
+    off = r * BLOCK_N * S_DN
+    return _scales(d_ptr + off, m_ptr + off, lane, lane < N - r * BLOCK_N, kw0, 0, KW, G, S_DN, S_DG, WPG, GT)
 
 
 @triton.jit
@@ -168,7 +168,7 @@ def stream(x, words, d, m, bias, y, silu_mul: bool, layout, use_pdl: bool, cfg: 
     slots = triton.cdiv(triton.cdiv(kw, gt * wpg), total // programs) + 1  # programs a tile at most
     part, count = _scratch(x.device, slots * n, tiles)
     _w4a16_stream_kernel[(programs,)](
-        x, words, d, m, bias if bias is not None else d, y, part, count, n, kw, d.shape[1],
+        x, words, d, m, bias if bias is not None else d, y, part, count, n, kw, d.shape[1], *d.stride(),
         WPG=wpg, GT=gt, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, PDL=use_pdl,
         XRUN=cfg.get("XRUN", 0),
         INTERPRET=INTERPRETED, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
