@@ -24,6 +24,7 @@ from torch import nn
 
 from nextok.kernels.triton.gguf_linear import MAX_ROWS, NAMES, TYPES, check, dequantize, gguf_matmul
 from nextok.kernels.triton.tile_tables import rows_limit
+from nextok.model import gguf_format
 
 TYPE_IDS = tuple(TYPES)  # the ggml types a GGUFLinear holds
 # Q4_0, Q4_1, Q4_K: 4-bit q with a scale and a min per 32 weights, the W4A16 layout's own form
@@ -76,10 +77,9 @@ def int4_groups(type_id: int, raw: torch.Tensor, k: int) -> tuple[torch.Tensor, 
     elif type_id == 3:  # f16 d | f16 m | qs[16]
         d, m, q = f16(0), f16(2), nibbles(b[:, :, 4:])
     elif type_id == 12:  # f16 d | f16 dmin | scales[12] | qs[128]: 8 sub-blocks of 32
-        sc = b[:, :, 4:16]
-        lo, hi, mid = sc[..., 0:4], sc[..., 4:8], sc[..., 8:12]
-        scale = torch.cat([lo & 0x3F, (mid & 0x0F) | ((lo >> 2) & 0x30)], dim=-1).float()  # [n, blocks, 8]
-        mins = torch.cat([hi & 0x3F, (mid >> 4) | ((hi >> 2) & 0x30)], dim=-1).float()
+        # the 6-bit scales and mins as the loader unpacks them (12 bytes a block: on the CPU)
+        scale, mins = (torch.from_numpy(v).to(raw.device).view(n, k // qk, 8) for v in
+                       gguf_format._k_scale_min(b[:, :, 4:16].reshape(-1, 12).cpu().numpy()))
         d, m = f16(0) * scale, -(f16(2) * mins)
         # 32-byte chunk c: sub-block 2c in its low nibbles, 2c + 1 in its high ones
         qs = b[:, :, 16:].reshape(n, k // qk, 4, 32)

@@ -80,9 +80,11 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 def pack_words(q: torch.Tensor) -> torch.Tensor:
     """q uint8 [out, in] in 0..15 -> int32 [out, in / 8]: word j = sum_i q[8j + i] << 4i."""
     out, k = q.shape
-    shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=q.device)
-    words = (q.view(out, k // 8, 8).to(torch.int64) << shifts).sum(dim=2)  # < 2^32
-    return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    cols = q.view(out, k // 8, 8)
+    words = torch.zeros(out, k // 8, dtype=torch.int32, device=q.device)
+    for i in range(8):  # 4 bytes a word of scratch, not 64 a word in int64 (a GPU at load)
+        words |= cols[:, :, i].to(torch.int32) << (4 * i)  # bit 31 wraps into the sign, as meant
+    return words
 
 
 def unpack_words(words: torch.Tensor) -> torch.Tensor:
