@@ -25,6 +25,7 @@ from torch import nn
 from nextok.kernels.triton.gguf_linear import MAX_ROWS, NAMES, TYPES, check, dequantize, gguf_matmul
 from nextok.kernels.triton.tile_tables import rows_limit
 from nextok.model import gguf_format
+from nextok.quant.int4 import Int4Linear, unpack_nibbles
 
 TYPE_IDS = tuple(TYPES)  # the ggml types a GGUFLinear holds
 # Q4_0, Q4_1, Q4_K: 4-bit q with a scale and a min per 32 weights, the W4A16 layout's own form
@@ -68,14 +69,14 @@ def int4_groups(type_id: int, raw: torch.Tensor, k: int) -> tuple[torch.Tensor, 
     def f16(lo: int) -> torch.Tensor:  # the little-endian half at byte lo of each block -> [n, blocks, 1]
         return b[:, :, lo:lo + 2].contiguous().view(torch.float16).float()
 
-    def nibbles(qs: torch.Tensor) -> torch.Tensor:  # [..., 16] -> [..., 32]: low nibbles, then high
-        return torch.cat([qs & 0x0F, qs >> 4], dim=-1)
+    def nibbles(lo: int) -> torch.Tensor:  # qs[16] at byte lo of each block -> q [n, K] (Q4_1's order)
+        return unpack_nibbles(b[:, :, lo:lo + 16].reshape(n, -1))
 
     if type_id == 2:  # f16 d | qs[16]
         d = f16(0)
-        m, q = -8 * d, nibbles(b[:, :, 2:])
+        m, q = -8 * d, nibbles(2)
     elif type_id == 3:  # f16 d | f16 m | qs[16]
-        d, m, q = f16(0), f16(2), nibbles(b[:, :, 4:])
+        d, m, q = f16(0), f16(2), nibbles(4)
     elif type_id == 12:  # f16 d | f16 dmin | scales[12] | qs[128]: 8 sub-blocks of 32
         # the 6-bit scales and mins as the loader unpacks them (12 bytes a block: on the CPU)
         scale, mins = (torch.from_numpy(v).to(raw.device).view(n, k // qk, 8) for v in
@@ -100,8 +101,6 @@ class GGUFLinear(nn.Module):
     def __init__(self, shards: list[tuple[int, torch.Tensor]], in_features: int,
                  bias: torch.Tensor | None, dtype: torch.dtype, int4: bool = True):
         super().__init__()
-        from nextok.quant.int4 import Int4Linear
-
         merged: list[tuple[int, list[torch.Tensor]]] = []
         for type_id, raw in shards:
             check(type_id, raw.shape[0], in_features, raw.contiguous())

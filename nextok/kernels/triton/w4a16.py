@@ -91,7 +91,7 @@ def _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, S_DN, S_DG, WPG: tl.con
             GT: tl.constexpr, EVEN: tl.constexpr = False):
     # d and m of the GT groups from word kw0 of rows n, float32 [1, BLOCK_N, GT] (EVEN: as
     # _w_tile's, unmasked, the last tile's past K). d[n, g] at n * S_DN + g * S_DG: row-major
-    # (G, 1) or group-major (1, N; quant/int4.py GROUP_MAJOR)
+    # (G, 1) or group-major (1, N; quant/int4.py GROUP_MAJOR_MAX)
     if EVEN:
         grp = tl.minimum(kw0, G * WPG - GT * WPG) // WPG + tl.arange(0, GT)[None, None, :]
         gptr = n[None, :, None] * S_DN + grp * S_DG
@@ -126,9 +126,10 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),): a program takes BLOCK_M rows of x,
     # BLOCK_N rows of W and a SPLIT-th of K; the programs of one tile of W run side by side, so
     # its bytes come from DRAM once. x [M, 8 KW]; words [N, KW]; d, m [N, G]; y [M, N]. A tile:
-    # [BLOCK_N, GT, WPG] words, GT whole groups; d[n, g] at n * S_DN + g * S_DG. With SPLIT > 1 each program leaves its float32
-    # sums in part [SPLIT, M, N] and the last of a tile's SPLIT programs (count [cdiv(N,
-    # BLOCK_N), cdiv(M, BLOCK_M)], zeros between calls) adds them in split order and writes y.
+    # [BLOCK_N, GT, WPG] words, GT whole groups; d[n, g] at n * S_DN + g * S_DG. With SPLIT > 1
+    # each program leaves its float32 sums in part [SPLIT, M, N] and the last of a tile's SPLIT
+    # programs (count [cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)], zeros between calls) adds them in
+    # split order and writes y.
     # Shapes below: x side [BLOCK_M, 1, GT, WPG], W side [1, BLOCK_N, GT, WPG].
     # SILU_MUL: x's rows are an MLP's gate and up halves, [M, 16 KW], and the kernel multiplies
     # silu(gate) * up, rounded as the separate silu_mul kernel (fused.py) rounds it: the down
