@@ -81,13 +81,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-disable-batch-size", type=int, default=16,
                    help="propose only while at most this many sequences run")
     g.add_argument("--gguf-blocks-only", dest="gguf_dense_copy", action="store_false",
-                   help="CPU: keep GGUF weights only as their blocks (less memory; steps of more "
-                        "than 32 rows, 8 with --gguf-activations float32, then dequantize each "
-                        "weight per call)")
+                   help="keep GGUF weights only as their blocks, for the least memory. CPU: steps "
+                        "of more than 32 rows, 8 with --gguf-activations float32, then dequantize "
+                        "each weight per call; CUDA: Q8_0/Q5_*/Q6_K run the slower GGUF kernel "
+                        "instead of being converted to int8 groups (up to 1.6x their bytes)")
     g.add_argument("--no-gguf-blocks", dest="gguf_blocks", action="store_false",
                    help="keep GGUF weights only dequantized (default: on CPU decode steps read "
-                        "Q4_1/Q8_0 weights as their blocks; on CUDA Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K "
-                        "weights stay packed and run through a Triton kernel)")
+                        "Q4_1/Q8_0 weights as their blocks; on CUDA Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/"
+                        "Q6_K weights stay quantized and run Triton kernels)")
     g.add_argument("--gguf-activations", default="auto", choices=["auto", "int8", "float32"],
                    help="CPU: the GGUF block kernel's activations: float32 (exactly the "
                         "dequantized weights' products, so outputs do not depend on the batch) or "

@@ -8,8 +8,10 @@ PROBE_GGUF_ROWS rows (default 1 and 8): bf16 through cuBLAS; past 16 rows the la
 (dequantize into a scratch matrix, then cuBLAS); the GGUF kernel at every tile of a small grid
 (past 16 rows with 16, 32 or 64 rows a program); and for Q4_0 / Q4_1 / Q4_K the W4A16 layer
 they are converted to (quant/gguf_cuda.py), on its own tiles, with d and m in row order and in
-group order (quant/int4.py GROUP_MAJOR_MAX). Each is timed as a CUDA graph of
-24 calls with the weights rotating over copies larger than the L2 (w4a16_probe.graph_us).
+group order (quant/int4.py GROUP_MAJOR_MAX); for Q8_0 / Q5_* / Q6_K the W8A16 layer with group
+scales they are converted to, on the GPU's W8A16 tiles and on each of W8_TILES. Each is timed as
+a CUDA graph of 24 calls with the weights rotating over copies larger than the L2
+(w4a16_probe.graph_us).
 Random blocks with sane f16 scales; every output is checked against dequantize + F.linear.
 Writes every timing to OUT.json (rewritten after each shape and type); PROBE_BN, PROBE_NW and
 PROBE_NS (comma lists) narrow the tile grid. Prints the best tile per shape, type and row count
@@ -30,8 +32,10 @@ sys.path.insert(0, os.getcwd())
 from benchmarks.gpu.w4a16_probe import graph_us  # noqa: E402
 from nextok.bench.common import header  # noqa: E402
 from nextok.kernels.triton import gguf_linear as gl  # noqa: E402
-from nextok.quant.gguf_cuda import INT4_TYPES, int4_groups  # noqa: E402
+from nextok.kernels.triton import w8a16_tiles  # noqa: E402
+from nextok.quant.gguf_cuda import INT4_TYPES, INT8_TYPES, int4_groups, int8_groups  # noqa: E402
 from nextok.quant.int4 import Int4Linear  # noqa: E402
+from nextok.quant.int8 import Int8Linear  # noqa: E402
 
 DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336"
 DEFAULT_TYPES = "2,12,6,14,8"
@@ -47,6 +51,10 @@ def _ints(name: str, default: str) -> list[int]:
 TILES = [dict(BLOCK_N=bn, num_warps=nw, num_stages=ns)
          for bn, nw, ns in itertools.product(_ints("PROBE_BN", "8,16,32,64"), _ints("PROBE_NW", "2,4,8"),
                                              _ints("PROBE_NS", "2,3,4"))]
+# the W8A16 kernel's tiles tried on group scales, besides the table's (w8a16_tiles.py)
+W8_TILES = [dict(DOT=dot, BLOCK_M=16, BLOCK_N=bn, BK=bk, num_warps=4, num_stages=ns)
+            for dot, bn, bk, ns in ((1, 64, 128, 4), (1, 32, 128, 4), (1, 64, 256, 3), (0, 32, 128, 4),
+                                    (0, 64, 64, 4), (1, 128, 64, 4))]
 ROWS = _ints("PROBE_GGUF_ROWS", "1,8")  # rows of x; past 16 each tile also takes 16-64 rows a program
 
 
@@ -84,6 +92,11 @@ def main() -> int:
         # Q4_0 / Q4_1 / Q4_K: the layer converts them to the W4A16 layout (quant/gguf_cuda.py)
         int4s = ([Int4Linear(*int4_groups(type_id, p, k), None) for p in packs]
                  if type_id in INT4_TYPES else [])
+        # Q8_0 / Q5_* / Q6_K: to int8 with group scales, the W8A16 kernel (quant/gguf_cuda.py)
+        int8s = []
+        for p in packs if type_id in INT8_TYPES else []:
+            q, d, m = int8_groups(type_id, p, k)
+            int8s.append(Int8Linear(q, d, None, m))
         for rows in ROWS:
             x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
             ref = F.linear(x.float(), w)
@@ -98,6 +111,18 @@ def main() -> int:
                         layer.set_scale_order(group_major)
                     r[f"{key}_us"] = graph_us(lambda i: int4s[i](x), copies)
                     r[f"{key}_rel_err"] = ((int4s[0](x).float() - ref).abs().max() / ref.abs().max()).item()
+            if int8s:  # the table's tile (or the default), then W8_TILES
+                r["w8a16_us"] = graph_us(lambda i: int8s[i](x), copies)
+                r["w8a16_rel_err"] = ((int8s[0](x).float() - ref).abs().max() / ref.abs().max()).item()
+                r["w8a16_bytes"] = sum(t.numel() * t.element_size() for t in int8s[0].buffers())
+                r["w8a16_sweep"] = []
+                for cfg in W8_TILES:
+                    w8a16_tiles.set_config(dict(cfg, DOT=int(cfg["DOT"] or rows > 1)))
+                    try:
+                        r["w8a16_sweep"].append(dict(cfg, us=graph_us(lambda i: int8s[i](x), copies)))
+                    except Exception as e:
+                        print(f"  W8A16 {cfg}: {type(e).__name__}: {str(e)[:100]}", flush=True)
+                w8a16_tiles.set_config(None)
             sweep = []
             for cfg in tiles_for(rows):
                 gl.set_config(cfg)
@@ -117,10 +142,14 @@ def main() -> int:
             dense = f" | dequantize + cuBLAS {r['dequantize_cublas_us']:6.1f} us" if rows > 16 else ""
             dense += (f" | W4A16 {r['w4a16_us']:6.1f} us, group-major d, m {r['w4a16_group_major_us']:6.1f} "
                       f"(rel err {r['w4a16_rel_err']:.1e})") if int4s else ""
+            if int8s:
+                b8 = min(r["w8a16_sweep"], key=lambda s: s["us"], default={"us": float("nan")})
+                dense += (f" | W8A16 {r['w8a16_us']:6.1f} us, best of sweep {b8['us']:6.1f} "
+                          f"(rel err {r['w8a16_rel_err']:.1e}, {r['w8a16_bytes'] / nbytes:.2f}x the blocks' bytes)")
             print(f"{n:>6}x{k:<6} {gl.NAMES[type_id]:5} rows {rows}: bf16 {r['bf16_cublas_us']:6.1f} us{dense} | "
                   f"gguf {best['us']:6.1f} us ({r['gguf_tbps']:.2f} TB/s of blocks, {r['speedup_vs_bf16']:.2f}x, "
                   f"rel err {best['rel_err']:.1e}) tile {best}", flush=True)
-        del packs, bfs, w, blocks, scratch, int4s
+        del packs, bfs, w, blocks, scratch, int4s, int8s
         torch.cuda.empty_cache()
         with open(out_path, "w") as f:  # after every shape and type: a call cut short keeps what ran
             json.dump(header({"rows": results}), f, indent=1)

@@ -181,14 +181,15 @@ class LlamaForCausalLM(nn.Module):
             swapped += 1
         return swapped
 
-    def use_gguf_device_blocks(self, blocks: Iterable[tuple[str, int, torch.Tensor]]) -> int:
+    def use_gguf_device_blocks(self, blocks: Iterable[tuple[str, int, torch.Tensor]], int8: bool = True) -> int:
         """After loading, before set_fused_ops (CUDA): every linear whose weights (every shard
         of a fused one) come as GGUF blocks of a type the Triton kernel reads is replaced by a
         GGUFLinear holding only the blocks (quant/gguf_cuda.py); its dense weights are dropped.
         Shards of different types (*_K_M files) stay separate matrices of that one layer; a
         linear with any shard of another type (F16, Q2_K, ...) stays dense. The tied lm_head
         reads the embedding's blocks, the lookups keep the dense table. blocks: (HF name, ggml
-        type, raw [rows, row bytes]). Returns how many layers took blocks."""
+        type, raw [rows, row bytes]). int8: Q8_0 / Q5_* / Q6_K matrices take the int8 layout
+        (False: they keep their blocks). Returns how many layers took blocks."""
         from nextok.quant.gguf_cuda import GGUFLinear
 
         device, dtype = self.embed_tokens.weight.device, self.embed_tokens.weight.dtype
@@ -201,7 +202,7 @@ class LlamaForCausalLM(nn.Module):
                       else self.embed_tokens.weight.shape)  # None: the tied lm_head
             bias = getattr(dense, "bias", None)
             layer = GGUFLinear([(t, raw.to(device)) for t, raw in (parts[i] for i in sorted(parts))],
-                               k, bias, dtype)
+                               k, bias, dtype, int8=int8)
             if layer.out_features != out:
                 raise ModelLoadError(f"GGUF blocks of {module_name} hold {layer.out_features} "
                                      f"rows, expected {out}")

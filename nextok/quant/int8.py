@@ -24,6 +24,7 @@ from torch import nn
 from nextok.quant.base import QuantMethod, bias_parameter, triton_gemv_rows
 
 Q8_0 = 8  # ggml's type id for Q8_0 blocks
+CHUNK = 1 << 24  # weights a group-scaled Int8Linear dequantizes at a time (64 MB of float32)
 
 
 @functools.cache
@@ -58,13 +59,18 @@ def q8_0_blocks(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 class Int8Linear(nn.Module):
-    """y = (x @ q.T) * scale + bias. x: [T, in] -> [T, out] in x's dtype."""
+    """y = x @ W.T + bias, W = scale * q: q int8 [out, in], scale float16 [out] (one per row), or
+    scale (and mins) float16 [out, in / G] for groups of G = 16 or 32 columns, W = scale * q +
+    mins (GGUF Q8_0, Q5_*, Q6_K on CUDA: quant/gguf_cuda.py). x: [T, in] -> [T, out], x's dtype."""
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                 mins: torch.Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = q.shape
+        self.group = self.in_features // scale.shape[1] if scale.dim() == 2 else 0
         self.register_buffer("qweight", q)
         self.register_buffer("scale", scale)
+        self.register_buffer("mins", mins)
         self.bias = bias_parameter(bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,12 +78,31 @@ class Int8Linear(nn.Module):
             from nextok.kernels.triton.quant_linear import w8a16
 
             return w8a16(x if x.stride(-1) == 1 else x.contiguous(), self.qweight, self.scale,
-                         None if self.bias is None else self.bias.to(x.dtype))
-        y = nn.functional.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)
-        return y if self.bias is None else y + self.bias.to(x.dtype)
+                         None if self.bias is None else self.bias.to(x.dtype), self.mins)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        if not self.group:  # integers up to 127 are exact in x's dtype: the scale after the sum
+            y = nn.functional.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)
+            return y if bias is None else y + bias
+        return nn.functional.linear(x, self.dequantize(x.dtype), bias)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """W [out, in] in dtype: computed in float32 and rounded once, in chunks of rows that
+        bound the float32 temporary to CHUNK weights."""
+        if not self.group:
+            return dequantize(self.qweight, self.scale).to(dtype)
+        out = torch.empty(self.out_features, self.in_features, dtype=dtype, device=self.qweight.device)
+        step = max(1, CHUNK // self.in_features)
+        for a in range(0, self.out_features, step):
+            b = min(self.out_features, a + step)
+            w = self.qweight[a:b].view(b - a, -1, self.group).float() * self.scale[a:b].float().unsqueeze(2)
+            if self.mins is not None:
+                w += self.mins[a:b].float().unsqueeze(2)
+            out[a:b] = w.view(b - a, self.in_features)
+        return out
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, int8 per channel"
+        kind = f"groups of {self.group}" + (" with mins" if self.mins is not None else "") if self.group else "per channel"
+        return f"in={self.in_features}, out={self.out_features}, int8 {kind}"
 
 
 class Int8WeightOnly(QuantMethod):

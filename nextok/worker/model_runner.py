@@ -53,7 +53,8 @@ class ModelRunner:
         if blocks is not None and weights is not None and self._gguf_on_device():
             from nextok.quant.gguf_cuda import TYPE_IDS
 
-            model.use_gguf_device_blocks(blocks(TYPE_IDS))  # before anything binds to the weights
+            # before anything binds to the weights; --gguf-blocks-only keeps Q8_0 / Q5_* / Q6_K blocks
+            model.use_gguf_device_blocks(blocks(TYPE_IDS), int8=config.gguf_dense_copy)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()  # the dropped dense weights: free for the KV pool
         if self.device.type == "cuda" or config.cpu_kernels:

@@ -1,12 +1,13 @@
 """The CUDA wiring of packed GGUF weights (LlamaForCausalLM.use_gguf_device_blocks, GGUFLinear):
 a tiny random GGUF model whose matrices use every type the Triton kernel reads gives the same
-greedy tokens with its weights kept packed (Q4_0 / Q4_1 / Q4_K in the W4A16 layout, the rest as
-blocks) as with them dequantized (--no-gguf-blocks).
+greedy tokens with its weights kept quantized (Q4_0 / Q4_1 / Q4_K in the W4A16 layout, the rest
+in the int8 one; with --gguf-blocks-only the rest as blocks) as with them dequantized
+(--no-gguf-blocks).
 
 Without a GPU the engine runs on CPU with the Triton attention backend in Triton's interpreter,
 and the runner's CUDA-only switch (`_gguf_on_device`) is turned on for it (cpu_kernels off, so
 the CPU's own block path stays out of the way). Float32: the same weights, only the summation
-order differs, and Q4_K's sub-block scales and mins are rounded to float16 (2^-11 of each);
+order differs, and the K-quants' sub-block scales and mins are rounded to float16 (2^-11 of each);
 on these random weights no greedy choice is that close."""
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from nextok import LLM, SamplingParams  # noqa: E402
 from nextok.kernels.triton.gguf_linear import TYPES  # noqa: E402
 from nextok.quant.gguf_cuda import GGUFLinear  # noqa: E402
 from nextok.quant.int4 import Int4Linear  # noqa: E402
+from nextok.quant.int8 import Int8Linear  # noqa: E402
 from nextok.worker.model_runner import ModelRunner  # noqa: E402
 from tests.kernels.test_triton_gguf_linear import random_blocks  # noqa: E402
 
@@ -79,16 +81,17 @@ def engines(tmp_path_factory, model_path):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ModelRunner, "_gguf_on_device",
                    lambda self: self.config.gguf_blocks and not self.config.quantization)
-        return LLM(**common), LLM(gguf_blocks=False, **common)
+        return LLM(**common), LLM(gguf_blocks=False, **common), LLM(gguf_dense_copy=False, **common)
 
 
 def test_weights_stay_packed_one_layer_per_linear(engines):
-    packed, dense = engines
+    packed, dense, blocks = engines
     model = packed.engine.runner.model
     layers = [m for m in model.modules() if isinstance(m, GGUFLinear)]
     assert len(layers) == 4 * len(LAYER_TYPES) + 1  # qkv, o, gate_up, down per layer + lm_head
     assert model.layers[0].self_attn.qkv_proj.types == [Q4_K, Q6_K]  # q + k, then v
-    assert list(model.layers[0].self_attn.qkv_proj.int4) == ["0"]  # q + k in the W4A16 layout
+    qkv = model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv.parts["0"], Int4Linear) and isinstance(qkv.parts["1"], Int8Linear)  # q + k; v
     assert isinstance(model.layers[0].mlp.gate_up_proj._whole, Int4Linear)  # Q4_0 gate and up
     assert model.layers[1].self_attn.o_proj.types == [Q4_1] and model.layers[1].self_attn.o_proj._whole
     assert model.layers[1].self_attn.qkv_proj.types == [Q5_0, Q8_0]
@@ -98,17 +101,22 @@ def test_weights_stay_packed_one_layer_per_linear(engines):
     assert model.lm_head.types == [Q6_K] and model.lm_head.out_features == VOCAB
     assert not any(isinstance(p, torch.nn.Parameter) and p.dim() == 2 and p.shape[1] == FFN
                    for p in model.parameters())  # no dense down_proj left
+    assert isinstance(model.layers[1].mlp.down_proj._whole, Int8Linear)  # Q5_1: with mins
     assert not any(isinstance(m, GGUFLinear) for m in dense.engine.runner.model.modules())
+    # --gguf-blocks-only: Q4_* still int4 (no bigger), the rest keep their blocks
+    qkv = blocks.engine.runner.model.layers[0].self_attn.qkv_proj
+    assert list(qkv.parts) == ["0"] and qkv.blocks1.dtype == torch.uint8
+    assert not any(isinstance(m, Int8Linear) for m in blocks.engine.runner.model.modules())
 
 
 def test_packed_greedy_tokens_equal_dequantized(engines):
-    packed, dense = engines
+    packed, dense, blocks = engines
     gen = torch.Generator().manual_seed(0)
     # 5 and 37 tokens: a 37-token prompt is prefilled in chunks of 24 rows (the dequantize +
     # matmul path); the decode steps of 1-3 rows run the kernel
     prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in (5, 37, 12)]
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
-    ours = [o.outputs[0].token_ids for o in packed.generate(prompts, params)]
     ref = [o.outputs[0].token_ids for o in dense.generate(prompts, params)]
-    assert ours == ref
+    for engine in (packed, blocks):
+        assert [o.outputs[0].token_ids for o in engine.generate(prompts, params)] == ref
     assert len({tuple(t) for t in ref}) > 1  # not a degenerate model

@@ -49,13 +49,19 @@ def reference_weight(raw: np.ndarray, type_id: int, k: int) -> torch.Tensor:
     return gguf_format.dequantize(raw.reshape(-1).copy(), type_id, n * k).view(n, k)
 
 
-def layer_weight(raw: np.ndarray, type_id: int, k: int) -> torch.Tensor:
-    """The weight a GGUFLinear holds for these blocks: the loader's, but Q4_K's d * sc and dmin *
-    mn rounded to float16 where the layer converts it to the W4A16 layout (gguf_cuda.int4_groups)."""
-    if type_id not in gguf_cuda.INT4_TYPES:
+def layer_weight(raw: np.ndarray, type_id: int, k: int, int8: bool = True) -> torch.Tensor:
+    """The weight a GGUFLinear holds for these blocks: the loader's, but the K-quants' d * sc and
+    dmin * mn rounded to float16 where the layer converts them to the W4A16 layout
+    (gguf_cuda.int4_groups) or, with int8, the int8 one (int8_groups)."""
+    if type_id in gguf_cuda.INT4_TYPES:
+        q, d, m = gguf_cuda.int4_groups(type_id, torch.from_numpy(raw), k)
+    elif int8 and type_id in gguf_cuda.INT8_TYPES:
+        q, d, m = gguf_cuda.int8_groups(type_id, torch.from_numpy(raw), k)
+    else:
         return reference_weight(raw, type_id, k)
-    q, d, m = gguf_cuda.int4_groups(type_id, torch.from_numpy(raw), k)
-    return (d.float().repeat_interleave(32, 1) * q.float() + m.float().repeat_interleave(32, 1))
+    g = k // d.shape[1]
+    w = d.float().repeat_interleave(g, 1) * q.float()
+    return w if m is None else w + m.float().repeat_interleave(g, 1)
 
 
 def assert_matches(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype):
@@ -112,20 +118,21 @@ def test_dequantize_is_the_loaders_weight(type_id):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("rows,kernel_rows", [(3, None), (KERNEL_ROWS + 1, None), (40, None), (40, "64")])
 def test_layer_of_mixed_shards_with_bias(rows, kernel_rows, dtype, monkeypatch):
-    """A fused qkv as a *_K_M file stores it: q and k Q4_K (one matrix), v Q6_K (another), with
-    a bias. Up to KERNEL_ROWS (or NEXTOK_GGUF_ROWS) rows: the kernel, each matrix writing its
-    columns; more: dequantize into the scratch matrix, then one matmul."""
+    """A fused qkv as a *_K_M file stores it: q and k Q4_K (one matrix), v Q6_K (another, its
+    blocks kept: int8=False), with a bias. Up to KERNEL_ROWS (or NEXTOK_GGUF_ROWS) rows: the
+    kernel, each matrix writing its columns; more: dequantize into the scratch matrix, then one
+    matmul."""
     if kernel_rows:
         monkeypatch.setenv("NEXTOK_GGUF_ROWS", kernel_rows)
     k = 256
     shards = [(12, random_blocks(12, 16, k, 0)), (12, random_blocks(12, 8, k, 1)),
               (14, random_blocks(14, 8, k))]
-    w = torch.cat([layer_weight(raw, t, k) for t, raw in shards])
+    w = torch.cat([layer_weight(raw, t, k, int8=False) for t, raw in shards])
     bias = torch.randn(32, generator=torch.Generator().manual_seed(2)) * 0.1
     layer = GGUFLinear([(t, torch.from_numpy(raw).to(DEVICE)) for t, raw in shards], k,
-                       bias.to(DEVICE), dtype)
+                       bias.to(DEVICE), dtype, int8=False)
     assert layer.types == [12, 14] and layer.offsets == [0, 24] and layer.out_features == 32
-    assert list(layer.int4) == ["0"] and layer._whole is None  # q + k: W4A16; v: blocks
+    assert list(layer.parts) == ["0"] and layer._whole is None  # q + k: W4A16; v: blocks
     assert layer.kernel_rows == (int(kernel_rows) if kernel_rows else KERNEL_ROWS)
     x = _x(rows, k, dtype)
     layer._scratch.fill_(7.0)
@@ -146,18 +153,21 @@ def test_gguf_rows_setting_is_checked(monkeypatch):
 def test_big_steps_with_a_small_scratch_go_in_row_chunks():
     k, n = 256, 40
     raw = random_blocks(13, n, k)
-    layer = GGUFLinear([(13, torch.from_numpy(raw).to(DEVICE))], k, None, torch.float32)
+    layer = GGUFLinear([(13, torch.from_numpy(raw).to(DEVICE))], k, None, torch.float32, int8=False)
     layer._scratch = torch.empty(12 * k, device=DEVICE)  # 12 rows of W at a time: 4 chunks
     x = _x(KERNEL_ROWS + 4, k, torch.float32)
     assert_matches(layer(x), x.cpu() @ reference_weight(raw, 13, k).T, torch.float32)
 
 
 def test_scratch_is_shared_and_grown_at_construction():
+    def q8_0_layer(rows):  # its blocks kept (int8=False): a scratch matrix for big steps
+        raw = torch.from_numpy(random_blocks(8, rows, 64)).to(DEVICE)
+        return GGUFLinear([(8, raw)], 64, None, torch.float32, int8=False)
+
     gguf_cuda._scratch.clear()
-    a = GGUFLinear([(8, torch.from_numpy(random_blocks(8, 4, 64)).to(DEVICE))], 64, None, torch.float32)
-    b = GGUFLinear([(8, torch.from_numpy(random_blocks(8, 2, 64)).to(DEVICE))], 64, None, torch.float32)
+    a, b = q8_0_layer(4), q8_0_layer(2)
     assert b._scratch is a._scratch and a._scratch.numel() == 4 * 64
-    c = GGUFLinear([(8, torch.from_numpy(random_blocks(8, 8, 64)).to(DEVICE))], 64, None, torch.float32)
+    c = q8_0_layer(8)
     assert c._scratch.numel() == 8 * 64 and a._scratch.numel() == 4 * 64  # a keeps its own
 
 

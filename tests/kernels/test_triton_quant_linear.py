@@ -23,7 +23,7 @@ from nextok.kernels.triton.w4a16 import w4a16  # noqa: E402
 from nextok.kernels.triton.w4a16_tiles import DP4A_ROWS  # noqa: E402
 from nextok.quant.int4 import (Int4Linear, dequantize_groups, pack_nibbles, pack_words,  # noqa: E402
                                quantize_groups, unpack_nibbles, unpack_words)
-from nextok.quant.int8 import dequantize, quantize_per_channel  # noqa: E402
+from nextok.quant.int8 import Int8Linear, dequantize, quantize_per_channel  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -462,6 +462,74 @@ def test_w8a16_tile_options_give_the_same_products(monkeypatch, rows):
                  dict(DOT=int(rows > 1), BLOCK_M=16, SPLIT=3, BK=64 if CUDA else 16)):
         monkeypatch.setattr(w8a16_tiles, "_OVERRIDE", dict(base, **opts))
         _close(w8a16(x, q.to(DEVICE), scale.to(DEVICE), b), want)
+
+
+def _int8_groups(w: torch.Tensor, group: int, mins: bool):
+    """w [n, k] -> int8 q and float16 d (and m) per group, as GGUF Q8_0 (symmetric) or Q5_1
+    (q in 0..31 with a min) holds them: W = d q (+ m)."""
+    n, k = w.shape
+    g = w.view(n, k // group, group)
+    if mins:
+        lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+        d, m = ((hi - lo) / 31).half(), lo.half()
+        q = torch.round((g - m.float()) / d.float()).clamp(0, 31)
+    else:
+        d, m = (g.abs().amax(-1, keepdim=True) / 127).half(), None
+        q = torch.round(g / d.float()).clamp(-127, 127)
+    dq = q * d.float() + (0 if m is None else m.float())
+    return (q.to(torch.int8).view(n, k), d.view(n, -1), None if m is None else m.view(n, -1),
+            dq.view(n, k))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16] + ([] if CUDA else [torch.float32]))
+@pytest.mark.parametrize("group,mins", [(32, False), (32, True), (16, False)])
+@pytest.mark.parametrize("rows", [1, 3, 40] + ([256] if CUDA else []))
+def test_w8a16_groups(dtype, group, mins, rows, monkeypatch):
+    """Group scales (GGUF Q8_0 / Q5_* / Q6_K on CUDA): each tile dequantized as d q + m in
+    float32 and rounded once to x's dtype, then the products: dequantize-then-matmul, as the
+    dense path (Int8Linear.dequantize) takes it."""
+    n, k, _ = SHAPES[0]
+    w, x, b = _data(dtype, n, k, rows)
+    q, d, m, dq = _int8_groups(w, group, mins)
+    want = (x.float() @ dq.to(DEVICE, dtype).float().T + b.float()).to(dtype)
+    args = (q.to(DEVICE), d.to(DEVICE), b, None if m is None else m.to(DEVICE))
+    _close(w8a16(x, *args), want)
+    layer = Int8Linear(q, d, b.cpu(), m).to(DEVICE)
+    assert layer.group == group and torch.equal(layer.dequantize(), dq)
+    _close(layer(x), want)  # on CUDA the kernel (up to kernel_rows()); on CPU the dense path
+    if CUDA:  # past kernel_rows(): the dense path
+        monkeypatch.setattr("nextok.quant.int8._kernel_rows", lambda: 0)
+        _close(layer(x), want)
+
+
+@pytest.mark.parametrize("rows", [1, 40])
+def test_w8a16_groups_take_whole_groups_a_tile(monkeypatch, rows):
+    """Tiles narrower than a group (BK 16 at groups of 32) are widened to one group; K split 3
+    ways, and the CUDA-core loop: the same products."""
+    from nextok.kernels.triton import w8a16_tiles
+
+    n, k, _ = SHAPES[0]
+    w, x, b = _data(torch.bfloat16, n, k, rows)
+    q, d, m, dq = _int8_groups(w, 32, True)
+    want = (x.float() @ dq.to(DEVICE, torch.bfloat16).float().T + b.float()).to(torch.bfloat16)
+    base = dict(BLOCK_N=64 if CUDA else 16, num_warps=4, num_stages=3 if CUDA else 1)
+    for opts in (dict(DOT=int(rows > 1), BLOCK_M=16, BK=16), dict(DOT=0, BLOCK_M=1, BK=32, SPLIT=3),
+                 dict(DOT=1, BLOCK_M=16, BK=64 if CUDA else 32, SPLIT=3)):
+        monkeypatch.setattr(w8a16_tiles, "_OVERRIDE", dict(base, **opts))
+        _close(w8a16(x, q.to(DEVICE), d.to(DEVICE), b, m.to(DEVICE)), want)
+
+
+def test_w8a16_bad_scales_are_refused():
+    x = torch.zeros(1, 64, device=DEVICE, dtype=torch.bfloat16)
+    q = torch.zeros(4, 64, dtype=torch.int8, device=DEVICE)
+
+    def f16(*shape):
+        return torch.ones(*shape, dtype=torch.float16, device=DEVICE)
+
+    for scale, mins in ((f16(4, 1), None), (f16(4, 8), None), (f16(3, 2), None), (f16(4), f16(4)),
+                        (f16(4, 2), f16(4, 4)), (f16(2, 4).T, None)):
+        with pytest.raises(ValueError, match="W8A16 takes a scale"):
+            w8a16(x, q, scale, None, mins)
 
 
 def test_w8a16_tiles_per_row_class(monkeypatch):

@@ -77,7 +77,7 @@ def test_int4_off_keeps_the_blocks():
     k = 256
     raw = random_blocks(3, 8, k)
     layer = GGUFLinear([(3, torch.from_numpy(raw).to(DEVICE))], k, None, torch.float32, int4=False)
-    assert not layer.int4 and layer._whole is None and layer.blocks0.shape == raw.shape
+    assert not layer.parts and layer._whole is None and layer.blocks0.shape == raw.shape
     x = _x(3, k, torch.float32)
     assert_matches(layer(x), x.cpu() @ reference_weight(raw, 3, k).T, torch.float32)
     assert gguf_cuda.INT4_TYPES == (2, 3, 12)

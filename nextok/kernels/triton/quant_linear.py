@@ -1,12 +1,15 @@
 """W8A16 for decode-sized steps: y [M, N] = x [M, K] @ W.T (+ bias), M <= MAX_ROWS, with W held as
-q int8 [N, K] and one scale float16 [N] per row: W = scale * q (quant/int8.py). (W4A16 has its own
-kernels: kernels/triton/w4a16.py.)
+q int8 [N, K] and float16 scales: one per row, W = scale * q (quant/int8.py), or one per GROUP
+columns of a row with an optional min, W = d * q + m (GGUF Q8_0, Q5_*, Q6_K on CUDA:
+quant/gguf_cuda.py). (W4A16 has its own kernels: kernels/triton/w4a16.py.)
 
 Per-row scales come out of the sum, y[:, n] = scale[n] * (x @ q[n]), so the loop multiplies by
 q itself: an int8 is exact in bfloat16 and float16, and turning it into x's dtype is the whole
-dequantization. A program takes BLOCK_M rows of x, BLOCK_N rows of W and a SPLIT-th of K (the
-grid and the split sums are the W4A16 kernels': split_k.py), and walks its K in tiles of BK
-columns.
+dequantization. Group scales cannot: each tile [BLOCK_N, BK] is dequantized in float32 (one
+multiply-add a weight, BK a multiple of GROUP) and rounded to x's dtype once.
+
+A program takes BLOCK_M rows of x, BLOCK_N rows of W and a SPLIT-th of K (the grid and the split
+sums are the W4A16 kernels': split_k.py), and walks its K in tiles of BK columns.
 - DOT: tl.dot on the tensor cores, rows padded to BLOCK_M (>= 16).
 - Else (one row): on the CUDA cores, a [BLOCK_N, BK] float32 sum of products per lane, reduced
   once at the end.
@@ -34,12 +37,14 @@ MAX_ROWS = 256  # past it (prefill) quant/int8.py converts the whole weight and 
 
 
 @triton.jit
-def _w8a16_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, s_xm, s_ym,
+def _w8a16_kernel(x_ptr, q_ptr, s_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, s_xm, s_ym,
                   HAS_BIAS: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
-                  IEEE: tl.constexpr, INTERPRET: tl.constexpr, K_INTERPRET: tl.constexpr):
+                  IEEE: tl.constexpr, INTERPRET: tl.constexpr, K_INTERPRET: tl.constexpr,
+                  GROUP: tl.constexpr = 0, HAS_MIN: tl.constexpr = 0):
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),). x [M, K] unit-stride rows; q [N, K]
-    # int8 row-major; s [N]; y [M, N]. K is a runtime argument: the interpreter, which cannot
+    # int8 row-major; s [N] (GROUP 0), else s and m [N, K / GROUP] row-major; y [M, N]. K is a
+    # runtime argument: the interpreter, which cannot
     # loop to a bound made from program_id, walks all of K (K_INTERPRET) masking the columns
     # outside the program's split.
     pdl_wait(PDL)
@@ -65,18 +70,31 @@ def _w8a16_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, 
         col_ok = _in_split(col, k_first, k_hi, INTERPRET)
         w = tl.load(q_ptr + n[:, None] * K + col[None, :], mask=n_ok[:, None] & col_ok[None, :],
                     other=0)  # [BLOCK_N, BK] int8
+        if GROUP:  # W = d * q + m per GROUP columns, in float32: [BLOCK_N, BK / GROUP, GROUP]
+            GT: tl.constexpr = BK // GROUP
+            grp = k0 // GROUP + tl.arange(0, GT)  # [GT]; K is a multiple of GROUP
+            g_at = n[:, None, None] * (K // GROUP) + grp[None, :, None]
+            g_ok = n_ok[:, None, None] & (grp < K // GROUP)[None, :, None]
+            wf = tl.reshape(w, [BLOCK_N, GT, GROUP]).to(tl.float32) * tl.load(
+                s_ptr + g_at, mask=g_ok, other=0.0).to(tl.float32)
+            if HAS_MIN:
+                wf += tl.load(m_ptr + g_at, mask=g_ok, other=0.0).to(tl.float32)
+            wf = tl.reshape(wf, [BLOCK_N, BK])  # columns outside the split meet x's zeros
+        else:
+            wf = w
         if DOT:
             a = tl.load(x_ptr + rows[:, None] * s_xm + col[None, :], mask=row_ok[:, None] & col_ok[None, :],
                         other=0.0)  # [BLOCK_M, BK]
-            acc = _dot(acc, a, w.to(dtype), IEEE)
+            acc = _dot(acc, a, wf.to(dtype), IEEE)
         else:
             a = tl.load(x_ptr + rblock * s_xm + col, mask=col_ok, other=0.0)  # [BK], row rblock
-            acc += w.to(tl.float32) * a.to(tl.float32)[None, :]
+            acc += wf.to(tl.float32) * a.to(tl.float32)[None, :]
     if DOT:
         out = acc
     else:
         out = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]; BLOCK_M is 1
-    out = out * tl.load(s_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if not GROUP:
+        out = out * tl.load(s_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     store_split_k(out, part_ptr, count_ptr, b_ptr, y_ptr, rows, row_ok, n, n_ok, M, N, s_ym, split,
                   tile * mb + rblock, SPLIT, HAS_BIAS, BLOCK_M, BLOCK_N)
 
@@ -85,8 +103,9 @@ INTERPRETED = not isinstance(_w8a16_kernel, JITFunction)
 
 
 def w8a16(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
-          bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] @ (scale * q).T (+ bias): q int8 [N, K], scale float16 [N]."""
+          bias: torch.Tensor | None = None, mins: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ W.T (+ bias), q int8 [N, K]: W = scale * q with scale float16 [N], or with
+    scale (and mins) float16 [N, K / G], W = scale * q + mins per G columns (G = 16 or 32)."""
     from nextok.kernels.triton import w8a16_tiles
     from nextok.kernels.triton.w4a16 import _scratch
 
@@ -94,15 +113,23 @@ def w8a16(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     if rows > MAX_ROWS or x.stride(-1) != 1 or x.shape[1] != k or not q.is_contiguous():
         raise ValueError(f"W8A16 takes <= {MAX_ROWS} unit-stride rows of K columns and a contiguous "
                          f"int8 weight [N, K]; got x {list(x.shape)}, weight {list(q.shape)}")
+    group = k // scale.shape[1] if scale.dim() == 2 else 0
+    if (scale.shape[0] != n or not scale.is_contiguous() or group not in (0, 16, 32)
+            or group * scale.shape[-1] not in (0, k)
+            or (mins is not None and (not group or mins.shape != scale.shape or not mins.is_contiguous()))):
+        raise ValueError(f"W8A16 takes a scale [N] or contiguous scales (and mins) [N, K / 16 or 32]; got "
+                         f"scale {list(scale.shape)}, mins {None if mins is None else list(mins.shape)} "
+                         f"for a weight {list(q.shape)}")
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if rows:
         cfg = w8a16_tiles.config(rows, n, k, x.device)
+        cfg = dict(cfg, BK=max(cfg["BK"], group))  # whole groups a tile (BK, GROUP: powers of 2)
         tiles, mb = triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(rows, cfg["BLOCK_M"])
         part, count = _scratch(x.device, cfg["SPLIT"] * rows * n, tiles * mb)
         use_pdl = pdl.enabled(x.device)
         _w8a16_kernel[(tiles * cfg["SPLIT"] * mb,)](
-            x, q, scale, bias if bias is not None else scale, y, part, count, rows, n, k, x.stride(0),
-            y.stride(0), HAS_BIAS=bias is not None, PDL=use_pdl, launch_pdl=use_pdl,
-            IEEE=INTERPRETED or x.dtype == torch.float32, INTERPRET=INTERPRETED,
-            K_INTERPRET=k if INTERPRETED else 0, **cfg)
+            x, q, scale, scale if mins is None else mins, bias if bias is not None else scale, y, part,
+            count, rows, n, k, x.stride(0), y.stride(0), HAS_BIAS=bias is not None, PDL=use_pdl,
+            launch_pdl=use_pdl, IEEE=INTERPRETED or x.dtype == torch.float32, INTERPRET=INTERPRETED,
+            K_INTERPRET=k if INTERPRETED else 0, GROUP=group, HAS_MIN=mins is not None, **cfg)
     return y
