@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu/issue7.sh w4a16     kernel tests on CUDA (TEST_K: pytest -k); the W4A16 tile sweep; the 8B
 #                                           decode step bf16 vs int4 (W4A16), A/B interleaved;
 #                                           PROFILE=1: first a profile of int4 steps by kernel
-#   bash benchmarks/gpu/issue7.sh gguf      the Triton GGUF block kernel: its tests on CUDA, then its tiles
+#   bash benchmarks/gpu/issue7.sh gguf      the Triton GGUF block kernel and the W4A16 / W8A16 layers GGUF
+#                                           types become: their tests on CUDA (GGUF_TESTS), then its tiles
 #                                           at the 8B layer shapes per type against bf16 (gguf_probe.py;
 #                                           GGUF_SHAPES, GGUF_TYPES, and its own PROBE_GGUF_ROWS, PROBE_BN/NW/NS)
 #   bash benchmarks/gpu/issue7.sh tests     CUDA tests of the attention kernels, the Triton engine and its
@@ -93,8 +94,9 @@ w4a16)
     done
     ;;
 gguf)
-    step GGUF block kernel tests on CUDA
-    run_for ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_gguf_linear.py \
+    step GGUF tests on CUDA: the block kernel, the W4A16 and W8A16 conversions, W8A16 group scales
+    run_for ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider --tb=short ${GGUF_TESTS:-tests/kernels/test_triton_gguf_linear.py \
+        tests/quant/test_gguf_int4.py tests/quant/test_gguf_int8.py tests/kernels/test_triton_quant_linear.py -k "gguf or w8a16_groups"} \
         2>&1 | tail -12 | tee "$OUT/gguf-kernel-tests.txt"
     step GGUF kernel tiles, Llama-3.1-8B layer shapes
     run_for ${T_PROBE:-300} python3 benchmarks/gpu/gguf_probe.py "$OUT/gguf-probe.json" \
