@@ -13,6 +13,9 @@ below holds exactly the same dequantized weights.
   y = (x @ q.T) * scale with the product accumulated in float32. Bigger steps, and other
   devices, take (x @ q.T) * scale in x's dtype, where integers up to 127 are exact; that
   converts the weight on every call.
+
+Int8Linear also holds GGUF Q8_0 / Q5_* / Q6_K weights on CUDA, with a scale (and a min) per
+group of 16 or 32 columns (quant/gguf_cuda.py); their bigger steps dequantize the weight.
 """
 from __future__ import annotations
 
