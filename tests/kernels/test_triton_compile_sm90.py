@@ -97,11 +97,12 @@ def _specs() -> list:
                       dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16"),
                       dict(HAS_BIAS=True, USE_DOT=dot, BLOCK_M=block_m, BLOCK_N=32, BLOCK_K=256, PDL=True,
                            IEEE=False, INTERPRET=False, K_INTERPRET=0)))
-        specs.append((f"w8a16 dot={dot}", ("quant_linear", "_w8a16_kernel"),
-                      dict(x_ptr="*bf16", q_ptr="*i8", s_ptr="*fp16", b_ptr="*bf16", y_ptr="*bf16",
-                           part_ptr="*fp32", count_ptr="*i32"),
-                      dict(HAS_BIAS=True, DOT=dot, BLOCK_M=block_m, BLOCK_N=64, BK=128, SPLIT=2, PDL=True,
-                           IEEE=False, INTERPRET=False, K_INTERPRET=0)))
+        for group, mins in ((0, False), (32, True), (16, False)):  # per row; GGUF Q5_1, Q6_K
+            specs.append((f"w8a16 dot={dot} group={group}", ("quant_linear", "_w8a16_kernel"),
+                          dict(x_ptr="*bf16", q_ptr="*i8", s_ptr="*fp16", m_ptr="*fp16", b_ptr="*bf16",
+                               y_ptr="*bf16", part_ptr="*fp32", count_ptr="*i32"),
+                          dict(HAS_BIAS=True, DOT=dot, BLOCK_M=block_m, BLOCK_N=64, BK=128, SPLIT=2, PDL=True,
+                               IEEE=False, INTERPRET=False, K_INTERPRET=0, GROUP=group, HAS_MIN=mins)))
         for type_id, (qk, nb, sub) in GGUF_TYPES.items():
             specs.append((f"gguf type={type_id} dot={dot}", ("gguf_linear", "_gguf_linear_kernel"),
                           dict(x_ptr="*bf16", w_ptr="*u8", b_ptr="*bf16", y_ptr="*bf16"),

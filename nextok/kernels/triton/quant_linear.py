@@ -60,37 +60,49 @@ def _w8a16_kernel(x_ptr, q_ptr, s_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
     per_split = tl.cdiv(tl.cdiv(K, SPLIT), BK) * BK
     k_first = split * per_split
     k_hi = tl.minimum(k_first + per_split, K)
+    # GROUP: W's tile as [BLOCK_N, GT, GROUP] (GT groups), scales [BLOCK_N, GT, 1]; the one-row
+    # loop keeps that shape throughout (a reshape moves the tile through shared memory)
+    G: tl.constexpr = GROUP if GROUP else BK
+    GT: tl.constexpr = BK // G
+    g3 = tl.arange(0, GT)[None, :, None]
+    c3 = g3 * G + tl.arange(0, G)[None, None, :]  # [1, GT, G]: the tile's columns
+    n3 = n[:, None, None]
     if DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    elif GROUP:
+        acc = tl.zeros([BLOCK_N, GT, G], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_N, BK], dtype=tl.float32)
     dtype = tl.float32 if IEEE else x_ptr.dtype.element_ty
     for k0 in range(0 if INTERPRET else k_first, K_INTERPRET if INTERPRET else k_hi, BK):
         col = k0 + c  # [BK]
         col_ok = _in_split(col, k_first, k_hi, INTERPRET)
-        w = tl.load(q_ptr + n[:, None] * K + col[None, :], mask=n_ok[:, None] & col_ok[None, :],
-                    other=0)  # [BLOCK_N, BK] int8
-        if GROUP:  # W = d * q + m per GROUP columns, in float32: [BLOCK_N, BK / GROUP, GROUP]
-            GT: tl.constexpr = BK // GROUP
-            grp = k0 // GROUP + tl.arange(0, GT)  # [GT]; K is a multiple of GROUP
-            g_at = n[:, None, None] * (K // GROUP) + grp[None, :, None]
-            g_ok = n_ok[:, None, None] & (grp < K // GROUP)[None, :, None]
-            wf = tl.reshape(w, [BLOCK_N, GT, GROUP]).to(tl.float32) * tl.load(
-                s_ptr + g_at, mask=g_ok, other=0.0).to(tl.float32)
-            if HAS_MIN:
-                wf += tl.load(m_ptr + g_at, mask=g_ok, other=0.0).to(tl.float32)
-            wf = tl.reshape(wf, [BLOCK_N, BK])  # columns outside the split meet x's zeros
+        if GROUP:  # W = d * q + m per GROUP columns, in float32
+            col3 = k0 + c3
+            ok3 = _in_split(col3, k_first, k_hi, INTERPRET)
+            w = tl.load(q_ptr + n3 * K + col3, mask=n_ok[:, None, None] & ok3, other=0)  # [BLOCK_N, GT, G] int8
+            grp = k0 // G + g3  # [1, GT, 1]; K is a multiple of GROUP
+            g_ok = n_ok[:, None, None] & (grp < K // G)
+            wf = w.to(tl.float32) * tl.load(s_ptr + n3 * (K // G) + grp, mask=g_ok, other=0.0).to(tl.float32)
+            if HAS_MIN:  # columns outside the split meet x's zeros
+                wf += tl.load(m_ptr + n3 * (K // G) + grp, mask=g_ok, other=0.0).to(tl.float32)
         else:
-            wf = w
+            wf = tl.load(q_ptr + n[:, None] * K + col[None, :], mask=n_ok[:, None] & col_ok[None, :],
+                         other=0)  # [BLOCK_N, BK] int8
         if DOT:
             a = tl.load(x_ptr + rows[:, None] * s_xm + col[None, :], mask=row_ok[:, None] & col_ok[None, :],
                         other=0.0)  # [BLOCK_M, BK]
-            acc = _dot(acc, a, wf.to(dtype), IEEE)
+            acc = _dot(acc, a, tl.reshape(wf, [BLOCK_N, BK]).to(dtype), IEEE)
+        elif GROUP:
+            a = tl.load(x_ptr + rblock * s_xm + col3, mask=ok3, other=0.0)  # [1, GT, G], row rblock
+            acc += wf * a.to(tl.float32)
         else:
             a = tl.load(x_ptr + rblock * s_xm + col, mask=col_ok, other=0.0)  # [BK], row rblock
             acc += wf.to(tl.float32) * a.to(tl.float32)[None, :]
     if DOT:
         out = acc
+    elif GROUP:
+        out = tl.sum(tl.sum(acc, axis=2), axis=1)[None, :]  # [1, BLOCK_N]; BLOCK_M is 1
     else:
         out = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]; BLOCK_M is 1
     if not GROUP:
