@@ -66,6 +66,31 @@ def scratch(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tenso
     return buf
 
 
+def _f16(b: torch.Tensor, lo: int) -> torch.Tensor:
+    """The little-endian half at byte lo of each block b [n, blocks, NB] -> float32 [n, blocks, 1]."""
+    return b[:, :, lo:lo + 2].contiguous().view(torch.float16).float()
+
+
+def _halves(qs: torch.Tensor) -> torch.Tensor:
+    """qs [..., L] uint8 -> [..., 2, L]: the low nibbles, then the high ones (ggml's K-quant order)."""
+    return torch.stack([qs & 0x0F, qs >> 4], dim=-2)
+
+
+def _bits(b: torch.Tensor, shifts: range, mask: int) -> torch.Tensor:
+    """b [..., L] uint8 -> [..., len(shifts), L]: the field (b >> s) & mask for each shift."""
+    return torch.stack([(b >> s) & mask for s in shifts], dim=-2)
+
+
+def _k_scales(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K blocks [n, blocks, NB] -> d * sc and -(dmin * mn) float32 [n, blocks, 8, 1] per
+    sub-block of 32: the 6-bit scales and mins as the loader unpacks them (12 bytes a block, on
+    the CPU)."""
+    n, blocks, _ = b.shape
+    scale, mins = (torch.from_numpy(v).to(b.device).view(n, blocks, 8, 1) for v in
+                   gguf_format._k_scale_min(b[:, :, 4:16].reshape(-1, 12).cpu().numpy()))
+    return _f16(b, 0).unsqueeze(3) * scale, -(_f16(b, 2).unsqueeze(3) * mins)
+
+
 def int4_groups(type_id: int, raw: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Q4_0 / Q4_1 / Q4_K blocks uint8 [N, K / QK * NB] -> the W4A16 layout's q uint8 [N, K] in
     0..15 and d, m float16 [N, K / 32], W = d * q + m per 32 columns, on raw's device.
@@ -75,33 +100,21 @@ def int4_groups(type_id: int, raw: torch.Tensor, k: int) -> tuple[torch.Tensor, 
     n = raw.shape[0]
     b = raw.reshape(n, k // qk, nb)
 
-    def f16(lo: int) -> torch.Tensor:  # the little-endian half at byte lo of each block -> [n, blocks, 1]
-        return b[:, :, lo:lo + 2].contiguous().view(torch.float16).float()
-
     def nibbles(lo: int) -> torch.Tensor:  # qs[16] at byte lo of each block -> q [n, K] (Q4_1's order)
         return unpack_nibbles(b[:, :, lo:lo + 16].reshape(n, -1))
 
     if type_id == 2:  # f16 d | qs[16]
-        d = f16(0)
+        d = _f16(b, 0)
         m, q = -8 * d, nibbles(2)
     elif type_id == 3:  # f16 d | f16 m | qs[16]
-        d, m, q = f16(0), f16(2), nibbles(4)
+        d, m, q = _f16(b, 0), _f16(b, 2), nibbles(4)
     elif type_id == 12:  # f16 d | f16 dmin | scales[12] | qs[128]: 8 sub-blocks of 32
-        # the 6-bit scales and mins as the loader unpacks them (12 bytes a block: on the CPU)
-        scale, mins = (torch.from_numpy(v).to(raw.device).view(n, k // qk, 8) for v in
-                       gguf_format._k_scale_min(b[:, :, 4:16].reshape(-1, 12).cpu().numpy()))
-        d, m = f16(0) * scale, -(f16(2) * mins)
+        d, m = _k_scales(b)
         # 32-byte chunk c: sub-block 2c in its low nibbles, 2c + 1 in its high ones
-        qs = b[:, :, 16:].reshape(n, k // qk, 4, 32)
-        q = torch.stack([qs & 0x0F, qs >> 4], dim=3)  # [n, blocks, 4, 2, 32]
+        q = _halves(b[:, :, 16:].reshape(n, -1, 4, 32))  # [n, blocks, 4, 2, 32]
     else:
         raise ValueError(f"{NAMES.get(type_id, type_id)} blocks are not 4-bit d * q + m groups")
     return q.reshape(n, k), d.reshape(n, k // 32).half(), m.reshape(n, k // 32).half()
-
-
-def _bits(b: torch.Tensor, shifts: range, mask: int) -> torch.Tensor:
-    """b [..., k] uint8 -> [..., len(shifts), k]: the field (b >> s) & mask for each shift."""
-    return torch.stack([(b >> s) & mask for s in shifts], dim=-2)
 
 
 def int8_groups(type_id: int, raw: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -113,37 +126,29 @@ def int8_groups(type_id: int, raw: torch.Tensor, k: int) -> tuple[torch.Tensor, 
     n = raw.shape[0]
     b = raw.reshape(n, k // qk, nb)
 
-    def f16(lo: int) -> torch.Tensor:  # the little-endian half at byte lo of each block -> [n, blocks, 1]
-        return b[:, :, lo:lo + 2].contiguous().view(torch.float16).float()
-
-    def fifth_bits(lo: int) -> torch.Tensor:  # u32 at byte lo: bit i is weight i's 16 -> [n, blocks, 32]
-        return _bits(b[:, :, lo:lo + 4], range(8), 1).transpose(-1, -2).reshape(n, -1, 32) << 4
-
     def five(ql: int, qh: int) -> torch.Tensor:  # Q5_0 / Q5_1 q in 0..31 -> [n, blocks, 32]
-        return unpack_nibbles(b[:, :, ql:ql + 16].reshape(n, -1)).view(n, -1, 32) | fifth_bits(qh)
+        # qs[16] at byte ql as Q4_1's nibbles; the u32 at byte qh: bit i is weight i's 16
+        fifth = _bits(b[:, :, qh:qh + 4], range(8), 1).transpose(-1, -2).reshape(n, -1, 32)
+        return unpack_nibbles(b[:, :, ql:ql + 16].reshape(n, -1)).view(n, -1, 32) | (fifth << 4)
 
     m = None
     if type_id == 8:  # f16 d | int8 q[32]
-        d, q = f16(0), b[:, :, 2:].contiguous().view(torch.int8)
+        d, q = _f16(b, 0), b[:, :, 2:].contiguous().view(torch.int8)
     elif type_id == 6:  # f16 d | u32 fifth bits | qs[16]: w = d (q - 16)
-        d, q = f16(0), five(6, 2).to(torch.int8) - 16
+        d, q = _f16(b, 0), five(6, 2).to(torch.int8) - 16
     elif type_id == 7:  # f16 d | f16 m | u32 fifth bits | qs[16]: w = d q + m
-        d, m, q = f16(0), f16(2), five(8, 4)
+        d, m, q = _f16(b, 0), _f16(b, 2), five(8, 4)
     elif type_id == 13:  # f16 d | f16 dmin | scales[12] | qh[32] | qs[128]: 8 sub-blocks of 32
-        scale, mins = (torch.from_numpy(v).to(raw.device).view(n, k // qk, 8) for v in
-                       gguf_format._k_scale_min(b[:, :, 4:16].reshape(-1, 12).cpu().numpy()))
-        d, m = f16(0) * scale, -(f16(2) * mins)
+        d, m = _k_scales(b)
         # 32-byte chunk c of qs: sub-block 2c in its low nibbles, 2c + 1 in its high ones; bit j
         # of qh's byte l is the fifth bit of sub-block j's weight l
-        qs = b[:, :, 48:].reshape(n, -1, 4, 1, 32)
-        low = torch.cat([qs & 0x0F, qs >> 4], dim=3).reshape(n, -1, 8, 32)
+        low = _halves(b[:, :, 48:].reshape(n, -1, 4, 32)).reshape(n, -1, 8, 32)
         q = low | (_bits(b[:, :, 16:48], range(8), 1) << 4)  # [n, blocks, 8, 32]
     elif type_id == 14:  # ql[128] | qh[64] | int8 scales[16] | f16 d: w = d sc (q - 32), 16 subs of 16
-        d = f16(208) * b[:, :, 192:208].contiguous().view(torch.int8).float()
+        d = _f16(b, 208) * b[:, :, 192:208].contiguous().view(torch.int8).float()
         # per half of 128 weights: ql's 64 low nibbles are weights 0..63, its high ones 64..127;
         # qh's 32 bytes hold the top 2 bits of weights l, l + 32, l + 64, l + 96 at shifts 0, 2, 4, 6
-        ql = b[:, :, :128].reshape(n, -1, 2, 1, 64)
-        low = torch.cat([ql & 0x0F, ql >> 4], dim=3).reshape(n, -1, 2, 128)
+        low = _halves(b[:, :, :128].reshape(n, -1, 2, 64)).reshape(n, -1, 2, 128)
         high = _bits(b[:, :, 128:192].reshape(n, -1, 2, 32), range(0, 8, 2), 3).reshape(n, -1, 2, 128)
         q = (low | (high << 4)).to(torch.int8) - 32
     else:
