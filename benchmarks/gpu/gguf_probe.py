@@ -52,9 +52,10 @@ TILES = [dict(BLOCK_N=bn, num_warps=nw, num_stages=ns)
          for bn, nw, ns in itertools.product(_ints("PROBE_BN", "8,16,32,64"), _ints("PROBE_NW", "2,4,8"),
                                              _ints("PROBE_NS", "2,3,4"))]
 # the W8A16 kernel's tiles tried on group scales, besides the table's (w8a16_tiles.py)
+# (PROBE_W8_SWEEP=0: none)
 W8_TILES = [dict(DOT=dot, BLOCK_M=16, BLOCK_N=bn, BK=bk, num_warps=4, num_stages=ns)
-            for dot, bn, bk, ns in ((1, 64, 128, 4), (1, 32, 128, 4), (1, 64, 256, 3), (0, 32, 128, 4),
-                                    (0, 64, 64, 4), (1, 128, 64, 4))]
+            for dot, bn, bk, ns in ((1, 64, 128, 4), (1, 32, 256, 3), (0, 32, 128, 4), (0, 64, 64, 4))
+            ] if os.environ.get("PROBE_W8_SWEEP", "1") != "0" else []
 ROWS = _ints("PROBE_GGUF_ROWS", "1,8")  # rows of x; past 16 each tile also takes 16-64 rows a program
 
 
