@@ -9,7 +9,8 @@ PROBE_GGUF_ROWS rows (default 1 and 8): bf16 through cuBLAS; past 16 rows the la
 (past 16 rows with 16, 32 or 64 rows a program); and for Q4_0 / Q4_1 / Q4_K the W4A16 layer
 they are converted to (quant/gguf_cuda.py), on its own tiles, with d and m in row order and in
 group order (quant/int4.py GROUP_MAJOR_MAX); for Q8_0 / Q5_* / Q6_K the W8A16 layer with group
-scales they are converted to, on the GPU's W8A16 tiles and on each of W8_TILES. Each is timed as
+scales they are converted to, on the GPU's W8A16 tiles (scales in row and in group order) and
+on each of W8_TILES (group order). Each is timed as
 a CUDA graph of 24 calls with the weights rotating over copies larger than the L2
 (w4a16_probe.graph_us).
 Random blocks with sane f16 scales; every output is checked against dequantize + F.linear.
@@ -112,7 +113,12 @@ def main() -> int:
                         layer.set_scale_order(group_major)
                     r[f"{key}_us"] = graph_us(lambda i: int4s[i](x), copies)
                     r[f"{key}_rel_err"] = ((int4s[0](x).float() - ref).abs().max() / ref.abs().max()).item()
-            if int8s:  # the table's tile (or the default), then W8_TILES
+            if int8s:  # the table's tile (or the default) in row and group order, then W8_TILES
+                for layer in int8s:
+                    layer.set_scale_order(False)
+                r["w8a16_row_order_us"] = graph_us(lambda i: int8s[i](x), copies)
+                for layer in int8s:
+                    layer.set_scale_order(True)
                 r["w8a16_us"] = graph_us(lambda i: int8s[i](x), copies)
                 r["w8a16_rel_err"] = ((int8s[0](x).float() - ref).abs().max() / ref.abs().max()).item()
                 r["w8a16_bytes"] = sum(t.numel() * t.element_size() for t in int8s[0].buffers())
@@ -145,7 +151,7 @@ def main() -> int:
                       f"(rel err {r['w4a16_rel_err']:.1e})") if int4s else ""
             if int8s:
                 b8 = min(r["w8a16_sweep"], key=lambda s: s["us"], default={"us": float("nan")})
-                dense += (f" | W8A16 {r['w8a16_us']:6.1f} us, best of sweep {b8['us']:6.1f} "
+                dense += (f" | W8A16 {r['w8a16_us']:6.1f} us (row order {r['w8a16_row_order_us']:6.1f}), best of sweep {b8['us']:6.1f} "
                           f"(rel err {r['w8a16_rel_err']:.1e}, {r['w8a16_bytes'] / nbytes:.2f}x the blocks' bytes)")
             print(f"{n:>6}x{k:<6} {gl.NAMES[type_id]:5} rows {rows}: bf16 {r['bf16_cublas_us']:6.1f} us{dense} | "
                   f"gguf {best['us']:6.1f} us ({r['gguf_tbps']:.2f} TB/s of blocks, {r['speedup_vs_bf16']:.2f}x, "

@@ -30,9 +30,11 @@ Q4_1 = 3  # ggml's type id for Q4_1 blocks
 # On CUDA, layers with groups of up to this many columns keep d and m in group order: in row
 # order a tile of 128 rows reads them as 128 runs of 2 * groups-in-tile bytes, each a row
 # (256 bytes at groups of 32 and K = 4096) apart, the short scattered runs that DRAM serves
-# slowly (int4_words.LAYOUT), and at groups of 32 they are 20 % of the bytes. 0: off until timed
-# (benchmarks/gpu/gguf_probe.py times both orders).
-GROUP_MAJOR_MAX = 0
+# slowly (int4_words.LAYOUT), and at groups of 32 they are 20 % of the bytes. Group order took
+# 0.48 / 0.49x row order's time at one row for Q4_K's groups of 32 (gate_up 30.9 us against
+# 64.2, down 17.3 against 35.5), 0.95 / 1.01x at 8 rows (H100, 2026-12-06-gguf-w8-h100.md;
+# benchmarks/gpu/gguf_probe.py times both orders). Groups of 64 and more were not timed.
+GROUP_MAJOR_MAX = 32
 
 
 @functools.cache

@@ -75,6 +75,19 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale)
         self.register_buffer("mins", mins)
         self.bias = bias_parameter(bias)
+        if self.group:
+            self.set_scale_order(True)
+
+    def set_scale_order(self, group_major: bool) -> None:
+        """Group scales (and mins) [out, groups] in row order (False) or group order (True: a
+        view of a [groups, out] tensor; the default), which the kernel reads through their
+        strides: a tile of W then reads one run of its rows' scales a group, not a short run a
+        row (at groups of 32 the W4A16 kernels took half the time so, H100,
+        2026-12-06-gguf-w8-h100.md)."""
+        for name in ("scale", "mins"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.t().contiguous().t() if group_major else t.contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and x.shape[0] <= _kernel_rows() and x.dtype in (torch.bfloat16, torch.float16):

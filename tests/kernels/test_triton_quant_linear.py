@@ -495,8 +495,12 @@ def test_w8a16_groups(dtype, group, mins, rows, monkeypatch):
     args = (q.to(DEVICE), d.to(DEVICE), b, None if m is None else m.to(DEVICE))
     _close(w8a16(x, *args), want)
     layer = Int8Linear(q, d, b.cpu(), m).to(DEVICE)
-    assert layer.group == group and torch.equal(layer.dequantize(), dq)
+    assert layer.group == group and layer.scale.stride() == (1, n)  # group order
+    assert torch.equal(layer.dequantize(), dq)
     _close(layer(x), want)  # on CUDA the kernel (up to kernel_rows()); on CPU the dense path
+    got = w8a16(x, layer.qweight, layer.scale, b, layer.mins)
+    layer.set_scale_order(False)  # row order: the same products
+    assert layer.scale.is_contiguous() and torch.equal(w8a16(x, layer.qweight, layer.scale, b, layer.mins), got)
     if CUDA:  # past kernel_rows(): the dense path
         monkeypatch.setattr("nextok.quant.int8._kernel_rows", lambda: 0)
         _close(layer(x), want)
@@ -527,7 +531,7 @@ def test_w8a16_bad_scales_are_refused():
         return torch.ones(*shape, dtype=torch.float16, device=DEVICE)
 
     for scale, mins in ((f16(4, 1), None), (f16(4, 8), None), (f16(3, 2), None), (f16(4), f16(4)),
-                        (f16(4, 2), f16(4, 4)), (f16(2, 4).T, None)):
+                        (f16(4, 2), f16(4, 4)), (f16(4, 4)[:, ::2], None), (f16(2, 4).T, f16(4, 2))):
         with pytest.raises(ValueError, match="W8A16 takes a scale"):
             w8a16(x, q, scale, None, mins)
 
@@ -551,6 +555,10 @@ def test_w8a16_tiles_per_row_class(monkeypatch):
     assert t.config(1, 28672, 4096, gpu)["SPLIT"] == 1  # 448 tiles already
     assert t.config(200, 4096, 4096, gpu)["BLOCK_M"] == t.DEFAULT_TILES["256"]["BLOCK_M"]
     assert t.config(3, 64, 256, gpu)["SPLIT"] == 1  # K too short to split into 4 steps of BK
+    for m, cls in ((1, "1"), (9, "16")):  # group scales: their own tiles up to 16 rows, then the table's
+        assert t.config(m, 4096, 4096, gpu, grouped=True) == dict(t.GROUP_TILES[cls], BLOCK_M=16 if m > 1 else 1,
+                                                                  SPLIT=t._split(t.GROUP_TILES[cls], m, 4096, 4096))
+    assert t.config(200, 4096, 4096, gpu, grouped=True) == t.config(200, 4096, 4096, gpu)
     for value, want in (("", t.KERNEL_ROWS), ("256", 256), ("1", 1)):
         monkeypatch.setenv("NEXTOK_W8A16_ROWS", value)
         t.kernel_rows.cache_clear()

@@ -37,13 +37,14 @@ MAX_ROWS = 256  # past it (prefill) quant/int8.py converts the whole weight and 
 
 
 @triton.jit
-def _w8a16_kernel(x_ptr, q_ptr, s_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, s_xm, s_ym,
+def _w8a16_kernel(x_ptr, q_ptr, s_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, s_xm, s_ym, S_SN, S_SG,
                   HAS_BIAS: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
                   IEEE: tl.constexpr, INTERPRET: tl.constexpr, K_INTERPRET: tl.constexpr,
                   GROUP: tl.constexpr = 0, HAS_MIN: tl.constexpr = 0):
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),). x [M, K] unit-stride rows; q [N, K]
-    # int8 row-major; s [N] (GROUP 0), else s and m [N, K / GROUP] row-major; y [M, N]. K is a
+    # int8 row-major; s [N] (GROUP 0), else s and m [N, K / GROUP], s[n, g] at n * S_SN + g * S_SG
+    # (row or group order: the same strides for m); y [M, N]. K is a
     # runtime argument: the interpreter, which cannot
     # loop to a bound made from program_id, walks all of K (K_INTERPRET) masking the columns
     # outside the program's split.
@@ -83,9 +84,10 @@ def _w8a16_kernel(x_ptr, q_ptr, s_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
             w = tl.load(q_ptr + n3 * K + col3, mask=n_ok[:, None, None] & ok3, other=0)  # [BLOCK_N, GT, G] int8
             grp = k0 // G + g3  # [1, GT, 1]; K is a multiple of GROUP
             g_ok = n_ok[:, None, None] & (grp < K // G)
-            wf = w.to(tl.float32) * tl.load(s_ptr + n3 * (K // G) + grp, mask=g_ok, other=0.0).to(tl.float32)
+            g_at = n3 * S_SN + grp * S_SG
+            wf = w.to(tl.float32) * tl.load(s_ptr + g_at, mask=g_ok, other=0.0).to(tl.float32)
             if HAS_MIN:  # columns outside the split meet x's zeros
-                wf += tl.load(m_ptr + n3 * (K // G) + grp, mask=g_ok, other=0.0).to(tl.float32)
+                wf += tl.load(m_ptr + g_at, mask=g_ok, other=0.0).to(tl.float32)
         else:
             wf = tl.load(q_ptr + n[:, None] * K + col[None, :], mask=n_ok[:, None] & col_ok[None, :],
                          other=0)  # [BLOCK_N, BK] int8
@@ -117,7 +119,8 @@ INTERPRETED = not isinstance(_w8a16_kernel, JITFunction)
 def w8a16(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
           bias: torch.Tensor | None = None, mins: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ W.T (+ bias), q int8 [N, K]: W = scale * q with scale float16 [N], or with
-    scale (and mins) float16 [N, K / G], W = scale * q + mins per G columns (G = 16 or 32)."""
+    scale (and mins) float16 [N, K / G], W = scale * q + mins per G columns (G = 16 or 32), in
+    row order or group order (a view of a [K / G, N] tensor; mins as scale)."""
     from nextok.kernels.triton import w8a16_tiles
     from nextok.kernels.triton.w4a16 import _scratch
 
@@ -126,22 +129,25 @@ def w8a16(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
         raise ValueError(f"W8A16 takes <= {MAX_ROWS} unit-stride rows of K columns and a contiguous "
                          f"int8 weight [N, K]; got x {list(x.shape)}, weight {list(q.shape)}")
     group = k // scale.shape[1] if scale.dim() == 2 else 0
-    if (scale.shape[0] != n or not scale.is_contiguous() or group not in (0, 16, 32)
-            or group * scale.shape[-1] not in (0, k)
-            or (mins is not None and (not group or mins.shape != scale.shape or not mins.is_contiguous()))):
-        raise ValueError(f"W8A16 takes a scale [N] or contiguous scales (and mins) [N, K / 16 or 32]; got "
+    strides = scale.stride() if group else (1, 0)
+    if (scale.shape[0] != n or group not in (0, 16, 32) or group * scale.shape[-1] not in (0, k)
+            or not (group or scale.is_contiguous())
+            or strides not in ((1, 0), (k // max(group, 1), 1), (1, n))
+            or (mins is not None and (not group or mins.shape != scale.shape or mins.stride() != strides))):
+        raise ValueError(f"W8A16 takes a scale [N] or scales (and mins) [N, K / 16 or 32] in row or group "
+                         f"order; got "
                          f"scale {list(scale.shape)}, mins {None if mins is None else list(mins.shape)} "
                          f"for a weight {list(q.shape)}")
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if rows:
-        cfg = w8a16_tiles.config(rows, n, k, x.device)
+        cfg = w8a16_tiles.config(rows, n, k, x.device, grouped=group > 0)
         cfg = dict(cfg, BK=max(cfg["BK"], group))  # whole groups a tile (BK, GROUP: powers of 2)
         tiles, mb = triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(rows, cfg["BLOCK_M"])
         part, count = _scratch(x.device, cfg["SPLIT"] * rows * n, tiles * mb)
         use_pdl = pdl.enabled(x.device)
         _w8a16_kernel[(tiles * cfg["SPLIT"] * mb,)](
             x, q, scale, scale if mins is None else mins, bias if bias is not None else scale, y, part,
-            count, rows, n, k, x.stride(0), y.stride(0), HAS_BIAS=bias is not None, PDL=use_pdl,
+            count, rows, n, k, x.stride(0), y.stride(0), *strides, HAS_BIAS=bias is not None, PDL=use_pdl,
             launch_pdl=use_pdl, IEEE=INTERPRETED or x.dtype == torch.float32, INTERPRET=INTERPRETED,
             K_INTERPRET=k if INTERPRETED else 0, GROUP=group, HAS_MIN=mins is not None, **cfg)
     return y

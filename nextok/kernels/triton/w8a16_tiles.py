@@ -30,6 +30,11 @@ DEFAULT_TILES = {
     "16": dict(DOT=1, BLOCK_M=16, BLOCK_N=64, BK=128, num_warps=4, num_stages=4),
     "64": dict(DOT=1, BLOCK_M=64, BLOCK_N=64, BK=128, num_warps=4, num_stages=3),
     "256": dict(DOT=1, BLOCK_M=128, BLOCK_N=64, BK=64, num_warps=8, num_stages=3)}
+# Group scales (GGUF Q8_0 / Q5_* / Q6_K) up to 16 rows: the tile that was best or within 10 % of
+# it at most points of the H100's first sweep of them (2026-12-06-gguf-w8-h100.md), one row on
+# the CUDA cores; the per-channel table's tiles took up to 2.7x its time at 8 rows.
+GROUP_TILES = {c: dict(DOT=int(c != "1"), BLOCK_M=16, BLOCK_N=64, BK=64, num_warps=4, num_stages=4)
+               for c in ("1", "16")}
 PROGRAMS = 256  # the grid an untuned shape's split of K aims at (an H100 has 132 SMs)
 _OVERRIDE: dict | None = None  # benchmarks/gpu/w8a16_probe.py sets tiles to sweep them
 
@@ -66,9 +71,10 @@ def _split(tile: dict, m: int, n: int, k: int) -> int:
     return split
 
 
-def config(m: int, n: int, k: int, device: torch.device) -> dict:
-    """The tile for m rows of x and a weight [n, k]: a probe's (set_config), the GPU's table,
-    else DEFAULT_TILES; in the interpreter small tiles, K split 2 ways where N is small."""
+def config(m: int, n: int, k: int, device: torch.device, grouped: bool = False) -> dict:
+    """The tile for m rows of x and a weight [n, k]: a probe's (set_config), GROUP_TILES for
+    grouped scales, the GPU's table, else DEFAULT_TILES; in the interpreter small tiles, K split
+    2 ways where N is small."""
     if _OVERRIDE is not None:
         tile = _OVERRIDE
     elif device.type != "cuda":
@@ -76,7 +82,8 @@ def config(m: int, n: int, k: int, device: torch.device) -> dict:
                     SPLIT=2 if n <= 32 else 1)
     else:
         cls = row_class(m)
-        tile = _tuned(torch.cuda.get_device_name(device)).get(f"{n}x{k}", {}).get(cls) or DEFAULT_TILES[cls]
+        tile = GROUP_TILES.get(cls) if grouped else None
+        tile = tile or _tuned(torch.cuda.get_device_name(device)).get(f"{n}x{k}", {}).get(cls) or DEFAULT_TILES[cls]
     # tl.dot takes blocks of >= 16 rows, the CUDA-core loop one row a program
     tile = dict(tile, BLOCK_M=max(16, tile["BLOCK_M"]) if tile["DOT"] else 1)
     if tile.get("SPLIT") is None:
