@@ -28,6 +28,12 @@ from nextok.quant.base import QuantMethod, bias_parameter, triton_gemv_rows
 
 Q8_0 = 8  # ggml's type id for Q8_0 blocks
 CHUNK = 1 << 24  # weights a group-scaled Int8Linear dequantizes at a time (64 MB of float32)
+# Group scales in group order (Int8Linear.set_scale_order): a tile of W then reads one run of its
+# rows' scales a group, not a short run a row. The W4A16 kernels took 0.48x the time so at one row
+# (groups of 32, H100, 2026-12-06-gguf-w8-h100.md), but here it is untimed and its sm_90 loop
+# counts are mixed (the one-row loop 289 -> 249 instructions, the tl.dot one 241 -> 304, at
+# groups of 32): off until benchmarks/gpu/gguf_probe.py, which times both orders, has run.
+GROUP_MAJOR = False
 
 
 @functools.cache
@@ -75,15 +81,12 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale)
         self.register_buffer("mins", mins)
         self.bias = bias_parameter(bias)
-        if self.group:
+        if self.group and GROUP_MAJOR:
             self.set_scale_order(True)
 
     def set_scale_order(self, group_major: bool) -> None:
         """Group scales (and mins) [out, groups] in row order (False) or group order (True: a
-        view of a [groups, out] tensor; the default), which the kernel reads through their
-        strides: a tile of W then reads one run of its rows' scales a group, not a short run a
-        row (at groups of 32 the W4A16 kernels took half the time so, H100,
-        2026-12-06-gguf-w8-h100.md)."""
+        view of a [groups, out] tensor), which the kernel reads through their strides."""
         for name in ("scale", "mins"):
             t = getattr(self, name)
             if t is not None:

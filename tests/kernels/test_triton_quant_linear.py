@@ -495,12 +495,15 @@ def test_w8a16_groups(dtype, group, mins, rows, monkeypatch):
     args = (q.to(DEVICE), d.to(DEVICE), b, None if m is None else m.to(DEVICE))
     _close(w8a16(x, *args), want)
     layer = Int8Linear(q, d, b.cpu(), m).to(DEVICE)
-    assert layer.group == group and layer.scale.stride() == (1, n)  # group order
-    assert torch.equal(layer.dequantize(), dq)
+    assert layer.group == group and torch.equal(layer.dequantize(), dq)
     _close(layer(x), want)  # on CUDA the kernel (up to kernel_rows()); on CPU the dense path
     got = w8a16(x, layer.qweight, layer.scale, b, layer.mins)
-    layer.set_scale_order(False)  # row order: the same products
-    assert layer.scale.is_contiguous() and torch.equal(w8a16(x, layer.qweight, layer.scale, b, layer.mins), got)
+    for group_major in (True, False):  # group order, and back: the same products
+        layer.set_scale_order(group_major)
+        assert layer.scale.stride() == ((1, n) if group_major else (k // group, 1))
+        assert (layer.mins is None or layer.mins.stride() == layer.scale.stride())
+        assert torch.equal(w8a16(x, layer.qweight, layer.scale, b, layer.mins), got)
+        assert torch.equal(layer.dequantize(), dq)
     if CUDA:  # past kernel_rows(): the dense path
         monkeypatch.setattr("nextok.quant.int8._kernel_rows", lambda: 0)
         _close(layer(x), want)
