@@ -31,8 +31,8 @@ DEFAULT_TILES = {
     "64": dict(DOT=1, BLOCK_M=64, BLOCK_N=64, BK=128, num_warps=4, num_stages=3),
     "256": dict(DOT=1, BLOCK_M=128, BLOCK_N=64, BK=64, num_warps=8, num_stages=3)}
 # Group scales (GGUF Q8_0 / Q5_* / Q6_K) up to 16 rows: the tile that was best or within 10 % of
-# it at most points of the H100's first sweep of them (2026-12-06-gguf-w8-h100.md), one row on
-# the CUDA cores; the per-channel table's tiles took up to 2.7x its time at 8 rows.
+# the best at 11 of 12 points of the H100's first sweep of them (2026-12-06-gguf-w8-h100.md),
+# one row on the CUDA cores; the per-channel table's tiles took up to 2.7x its time at 8 rows.
 GROUP_TILES = {c: dict(DOT=int(c != "1"), BLOCK_M=16, BLOCK_N=64, BK=64, num_warps=4, num_stages=4)
                for c in ("1", "16")}
 PROGRAMS = 256  # the grid an untuned shape's split of K aims at (an H100 has 132 SMs)
