@@ -181,7 +181,8 @@ class LlamaForCausalLM(nn.Module):
             swapped += 1
         return swapped
 
-    def use_gguf_device_blocks(self, blocks: Iterable[tuple[str, int, torch.Tensor]], int8: bool = True) -> int:
+    def use_gguf_device_blocks(self, blocks: Iterable[tuple[str, int, torch.Tensor]],
+                               int8: bool = True) -> int:
         """After loading, before set_fused_ops (CUDA): every linear whose weights (every shard
         of a fused one) come as GGUF blocks of a type the Triton kernel reads is replaced by a
         GGUFLinear holding only the blocks (quant/gguf_cuda.py); its dense weights are dropped.

@@ -117,7 +117,8 @@ def int4_groups(type_id: int, raw: torch.Tensor, k: int) -> tuple[torch.Tensor, 
     return q.reshape(n, k), d.reshape(n, k // 32).half(), m.reshape(n, k // 32).half()
 
 
-def int8_groups(type_id: int, raw: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def int8_groups(type_id: int, raw: torch.Tensor,
+                k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Q8_0 / Q5_0 / Q5_1 / Q5_K / Q6_K blocks uint8 [N, K / QK * NB] -> int8 q [N, K] and float16
     d [N, K / G] (and m, else None), W = d * q (+ m) per G columns (G 16 for Q6_K, else 32), on
     raw's device. Q8_0, Q5_0 (q - 16) and Q5_1 are exact; Q5_K's d * sc and dmin * mn and Q6_K's

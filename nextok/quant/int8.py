@@ -120,7 +120,9 @@ class Int8Linear(nn.Module):
         return out
 
     def extra_repr(self) -> str:
-        kind = f"groups of {self.group}" + (" with mins" if self.mins is not None else "") if self.group else "per channel"
+        kind = "per channel"
+        if self.group:
+            kind = f"groups of {self.group}" + (" with mins" if self.mins is not None else "")
         return f"in={self.in_features}, out={self.out_features}, int8 {kind}"
 
 

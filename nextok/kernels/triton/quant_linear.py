@@ -37,17 +37,17 @@ MAX_ROWS = 256  # past it (prefill) quant/int8.py converts the whole weight and 
 
 
 @triton.jit
-def _w8a16_kernel(x_ptr, q_ptr, s_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, s_xm, s_ym, S_SN, S_SG,
+def _w8a16_kernel(x_ptr, q_ptr, s_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, s_xm, s_ym,
+                  S_SN, S_SG,
                   HAS_BIAS: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
                   IEEE: tl.constexpr, INTERPRET: tl.constexpr, K_INTERPRET: tl.constexpr,
                   GROUP: tl.constexpr = 0, HAS_MIN: tl.constexpr = 0):
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),). x [M, K] unit-stride rows; q [N, K]
     # int8 row-major; s [N] (GROUP 0), else s and m [N, K / GROUP], s[n, g] at n * S_SN + g * S_SG
-    # (row or group order: the same strides for m); y [M, N]. K is a
-    # runtime argument: the interpreter, which cannot
-    # loop to a bound made from program_id, walks all of K (K_INTERPRET) masking the columns
-    # outside the program's split.
+    # (row or group order; m's strides the same); y [M, N]. K is a runtime argument: the
+    # interpreter, which cannot loop to a bound made from program_id, walks all of K
+    # (K_INTERPRET) masking the columns outside the program's split.
     pdl_wait(PDL)
     mb = tl.cdiv(M, BLOCK_M)
     rblock = tl.program_id(0) % mb
@@ -81,7 +81,8 @@ def _w8a16_kernel(x_ptr, q_ptr, s_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
         if GROUP:  # W = d * q + m per GROUP columns, in float32
             col3 = k0 + c3
             ok3 = _in_split(col3, k_first, k_hi, INTERPRET)
-            w = tl.load(q_ptr + n3 * K + col3, mask=n_ok[:, None, None] & ok3, other=0)  # [BLOCK_N, GT, G] int8
+            w = tl.load(q_ptr + n3 * K + col3, mask=n_ok[:, None, None] & ok3,
+                        other=0)  # [BLOCK_N, GT, G] int8
             grp = k0 // G + g3  # [1, GT, 1]; K is a multiple of GROUP
             g_ok = n_ok[:, None, None] & (grp < K // G)
             g_at = n3 * S_SN + grp * S_SG
@@ -134,10 +135,9 @@ def w8a16(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
             or not (group or scale.is_contiguous())
             or strides not in ((1, 0), (k // max(group, 1), 1), (1, n))
             or (mins is not None and (not group or mins.shape != scale.shape or mins.stride() != strides))):
-        raise ValueError(f"W8A16 takes a scale [N] or scales (and mins) [N, K / 16 or 32] in row or group "
-                         f"order; got "
-                         f"scale {list(scale.shape)}, mins {None if mins is None else list(mins.shape)} "
-                         f"for a weight {list(q.shape)}")
+        raise ValueError(f"W8A16 takes a scale [N] or scales (and mins) [N, K / 16 or 32] in row or "
+                         f"group order; got scale {list(scale.shape)} (strides {list(scale.stride())}), "
+                         f"mins {None if mins is None else list(mins.shape)} for a weight {list(q.shape)}")
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if rows:
         cfg = w8a16_tiles.config(rows, n, k, x.device, grouped=group > 0)

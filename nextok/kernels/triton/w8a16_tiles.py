@@ -82,8 +82,8 @@ def config(m: int, n: int, k: int, device: torch.device, grouped: bool = False) 
                     SPLIT=2 if n <= 32 else 1)
     else:
         cls = row_class(m)
-        tile = GROUP_TILES.get(cls) if grouped else None
-        tile = tile or _tuned(torch.cuda.get_device_name(device)).get(f"{n}x{k}", {}).get(cls) or DEFAULT_TILES[cls]
+        tuned = _tuned(torch.cuda.get_device_name(device)).get(f"{n}x{k}", {}).get(cls)
+        tile = (GROUP_TILES.get(cls) if grouped else None) or tuned or DEFAULT_TILES[cls]
     # tl.dot takes blocks of >= 16 rows, the CUDA-core loop one row a program
     tile = dict(tile, BLOCK_M=max(16, tile["BLOCK_M"]) if tile["DOT"] else 1)
     if tile.get("SPLIT") is None:
