@@ -54,14 +54,30 @@ def layer_weight(raw: np.ndarray, type_id: int, k: int, int8: bool = True) -> to
     dmin * mn rounded to float16 where the layer converts them to the W4A16 layout
     (gguf_cuda.int4_groups) or, with int8, the int8 one (int8_groups)."""
     if type_id in gguf_cuda.INT4_TYPES:
-        q, d, m = gguf_cuda.int4_groups(type_id, torch.from_numpy(raw), k)
-    elif int8 and type_id in gguf_cuda.INT8_TYPES:
-        q, d, m = gguf_cuda.int8_groups(type_id, torch.from_numpy(raw), k)
-    else:
-        return reference_weight(raw, type_id, k)
-    g = k // d.shape[1]
+        return groups_weight(*gguf_cuda.int4_groups(type_id, torch.from_numpy(raw), k))
+    if int8 and type_id in gguf_cuda.INT8_TYPES:
+        return groups_weight(*gguf_cuda.int8_groups(type_id, torch.from_numpy(raw), k))
+    return reference_weight(raw, type_id, k)
+
+
+def groups_weight(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+    """float32 W = d * q (+ m) per group of K / d.shape[1] columns: q [n, K], d and m [n, groups]."""
+    g = q.shape[1] // d.shape[1]
     w = d.float().repeat_interleave(g, 1) * q.float()
     return w if m is None else w + m.float().repeat_interleave(g, 1)
+
+
+def assert_scales_rounded(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, ref: torch.Tensor):
+    """groups_weight(q, d, m) is ref within float16's rounding of each d and m (2^-11 of each:
+    K-quants' d * sc and dmin * mn rounded once; random blocks keep them normal float16s), and
+    does round somewhere (so that bound is what is tested)."""
+    g = q.shape[1] // d.shape[1]
+    bound = 2 ** -11 * d.float().abs().repeat_interleave(g, 1) * q.float().abs()
+    if m is not None:
+        bound += 2 ** -11 * m.float().abs().repeat_interleave(g, 1)
+    err = (groups_weight(q, d, m) - ref).abs()
+    assert (err <= bound + 1e-12).all()
+    assert err.max() > 0
 
 
 def assert_matches(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype):

@@ -11,12 +11,9 @@ pytest.importorskip("triton")
 from nextok.quant import gguf_cuda  # noqa: E402
 from nextok.quant.gguf_cuda import GGUFLinear, int4_groups  # noqa: E402
 from nextok.quant.int4 import Int4Linear  # noqa: E402
-from tests.kernels.test_triton_gguf_linear import (DEVICE, _x, assert_matches, layer_weight,  # noqa: E402
-                                                   random_blocks, reference_weight)
-
-
-def _groups_weight(q, d, m):
-    return d.float().repeat_interleave(32, 1) * q.float() + m.float().repeat_interleave(32, 1)
+from tests.kernels.test_triton_gguf_linear import (DEVICE, _x, assert_matches, assert_scales_rounded,  # noqa: E402
+                                                   groups_weight, layer_weight, random_blocks,
+                                                   reference_weight)
 
 
 @pytest.mark.parametrize("type_id", [2, 3])
@@ -26,20 +23,14 @@ def test_q4_0_and_q4_1_convert_exactly(type_id):
     q, d, m = int4_groups(type_id, torch.from_numpy(raw), k)
     assert q.dtype == torch.uint8 and q.shape == (n, k) and int(q.max()) <= 15
     assert d.dtype == m.dtype == torch.float16 and d.shape == m.shape == (n, k // 32)
-    assert torch.equal(_groups_weight(q, d, m), reference_weight(raw, type_id, k))
+    assert torch.equal(groups_weight(q, d, m), reference_weight(raw, type_id, k))
 
 
 def test_q4_k_converts_within_float16_rounding_of_its_scales():
     n, k = 12, 512
     raw = random_blocks(12, n, k)
     q, d, m = int4_groups(12, torch.from_numpy(raw), k)
-    ref = reference_weight(raw, 12, k)
-    # each weight d * q + m: d and m each off by at most 2^-11 of themselves (d * sc, dmin * mn
-    # rounded once; random blocks keep them normal float16s)
-    bound = 2 ** -11 * (d.float().abs().repeat_interleave(32, 1) * 15 + m.float().abs().repeat_interleave(32, 1))
-    err = (_groups_weight(q, d, m) - ref).abs()
-    assert (err <= bound + 1e-12).all()
-    assert err.max() > 0  # it does round (so the bound above is what is tested)
+    assert_scales_rounded(q, d, m, reference_weight(raw, 12, k))
 
 
 def test_other_types_are_refused():

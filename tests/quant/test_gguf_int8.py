@@ -12,17 +12,12 @@ pytest.importorskip("triton")
 from nextok.quant.gguf_cuda import INT8_TYPES, GGUFLinear, int8_groups  # noqa: E402
 from nextok.quant.int4 import Int4Linear  # noqa: E402
 from nextok.quant.int8 import Int8Linear  # noqa: E402
-from tests.kernels.test_triton_gguf_linear import (DEVICE, _x, assert_matches, layer_weight,  # noqa: E402
-                                                   random_blocks, reference_weight)
+from tests.kernels.test_triton_gguf_linear import (DEVICE, _x, assert_matches, assert_scales_rounded,  # noqa: E402
+                                                   groups_weight, layer_weight, random_blocks,
+                                                   reference_weight)
 
 GROUP = {8: 32, 6: 32, 7: 32, 13: 32, 14: 16}
 Q_RANGE = {8: (-128, 127), 6: (-16, 15), 7: (0, 31), 13: (0, 31), 14: (-32, 31)}
-
-
-def _weight(q, d, m):
-    g = q.shape[1] // d.shape[1]
-    w = d.float().repeat_interleave(g, 1) * q.float()
-    return w if m is None else w + m.float().repeat_interleave(g, 1)
 
 
 @pytest.mark.parametrize("type_id", [8, 6, 7])
@@ -34,7 +29,7 @@ def test_32_weight_blocks_convert_exactly(type_id):
     assert q.dtype == torch.int8 and q.shape == (n, k) and int(q.min()) >= lo and int(q.max()) <= hi
     assert int(q.min()) == lo and int(q.max()) == hi  # random bytes reach both ends: every bit read
     assert d.dtype == torch.float16 and d.shape == (n, k // 32) and (m is None) == (type_id != 7)
-    assert torch.equal(_weight(q, d, m), reference_weight(raw, type_id, k))
+    assert torch.equal(groups_weight(q, d, m), reference_weight(raw, type_id, k))
 
 
 @pytest.mark.parametrize("type_id", [13, 14])
@@ -45,15 +40,7 @@ def test_k_quants_convert_within_float16_rounding_of_their_scales(type_id):
     g, (lo, hi) = GROUP[type_id], Q_RANGE[type_id]
     assert d.shape == (n, k // g) and (m is None) == (type_id == 14)
     assert int(q.min()) == lo and int(q.max()) == hi
-    ref = reference_weight(raw, type_id, k)
-    # each weight d * q (+ m): d and m each off by at most 2^-11 of themselves (d * sc, dmin * mn
-    # rounded once)
-    bound = 2 ** -11 * d.float().abs().repeat_interleave(g, 1) * q.float().abs()
-    if m is not None:
-        bound += 2 ** -11 * m.float().abs().repeat_interleave(g, 1)
-    err = (_weight(q, d, m) - ref).abs()
-    assert (err <= bound + 1e-12).all()
-    assert err.max() > 0  # it does round (so the bound above is what is tested)
+    assert_scales_rounded(q, d, m, reference_weight(raw, type_id, k))
 
 
 def test_other_types_are_refused():
