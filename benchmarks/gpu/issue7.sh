@@ -2,7 +2,8 @@
 # Issue 7 (quantization) on the H200, from the repo root of the GPU machine:
 #   bash benchmarks/gpu/issue7.sh w4a16     kernel tests on CUDA (TEST_K: pytest -k); the W4A16 tile sweep; the 8B
 #                                           decode step bf16 vs int4 (W4A16), A/B interleaved;
-#                                           PROFILE=1: first a profile of int4 steps by kernel
+#                                           PROFILE=1: first a profile of int4 steps by kernel;
+#                                           GM=1: int4 with d, m in group order at groups of 128 too
 #   bash benchmarks/gpu/issue7.sh gguf      the Triton GGUF block kernel and the W4A16 / W8A16 layers GGUF
 #                                           types become: their tests on CUDA (GGUF_TESTS), then its tiles
 #                                           at the 8B layer shapes per type against bf16 (gguf_probe.py;
@@ -86,6 +87,10 @@ w4a16)
         [ -z "${SKIP_BF16:-}" ] && { step "8B decode step, bf16 (round $r)"; latency bf16-r$r; }
         if [ -z "${SKIP_INT4:-}" ]; then  # SKIP_INT4=1 (with LM_HEAD=1): only the int4 lm_head's step
             step "8B decode step, int4 W4A16 (round $r)"; latency int4-r$r --quantization int4
+        fi
+        if [ -n "${GM:-}" ]; then  # d and m in group order at groups of 128 too
+            step "8B decode step, int4 W4A16, d and m in group order (round $r)"
+            NEXTOK_INT4_GROUP_MAJOR_MAX=128 latency int4-group-major-r$r --quantization int4
         fi
         if [ -n "${LM_HEAD:-}" ]; then
             step "8B decode step, int4 W4A16 with an int4 lm_head (round $r)"

@@ -14,7 +14,8 @@ entries, the tl.dot tiles, and the row classes not probed (PROBE_ROWS) are kept 
 the repo).
 SHAPES: comma-separated NxK (default: the Llama-3.1-8B layers and Qwen2.5-Coder-7B's).
 The words are in Int4Linear's CUDA order, tiles of int4_words.LAYOUT (PROBE_LAYOUT=rowmajor: row
-order); each best tile is timed again on the words in the other order ("other_layout").
+order); each best tile is timed again on the words in the other order ("other_layout") and
+with d and m in group order ("group_major_us", quant/int4.py GROUP_MAJOR_MAX).
 """
 from __future__ import annotations
 
@@ -140,6 +141,12 @@ def main() -> int:
             tiles.set_config(tile)
             r["other_layout"] = {"layout": other, "us": graph_us(
                 lambda i: w4.w4a16(x, *packed_other[i], layout=other), copies)}
+            # and on d, m in group order (quant/int4.py GROUP_MAJOR_MAX): what that order is worth
+            # at groups of 128
+            gm = [(words_i, d_i.t().contiguous().t(), m_i.t().contiguous().t()) for words_i, d_i, m_i in packed]
+            r["group_major_us"] = graph_us(lambda i: w4.w4a16(x, *gm[i], layout=LAYOUT), copies)
+            r["group_major_max_diff"] = (w4.w4a16(x, *gm[0], layout=LAYOUT).float() - ref).abs().max().item()
+            del gm
             tiles.set_config(None)
             r["sweep"], r["best"] = sweep, best
             r["w4a16_us"] = best["us"]
@@ -159,7 +166,8 @@ def main() -> int:
                   f"{r['bf16_gemv_us']:6.1f} us ({r['bf16_tbps']:.2f} TB/s) | w4a16 {best['us']:6.1f} us "
                   f"({r['w4a16_tbps']:.2f} TB/s, {bf_best / best['us']:.2f}x) max diff {best['max_diff']:.3g} "
                   f"tile {({k_: v for k_, v in best.items() if k_ not in ('us', 'max_diff')})}; "
-                  f"words {'row-major' if other is None else 'in tiles'}: {r['other_layout']['us']:.1f} us",
+                  f"words {'row-major' if other is None else 'in tiles'}: {r['other_layout']['us']:.1f} us; "
+                  f"d, m in group order {r['group_major_us']:.1f} us",
                   flush=True)
         del bfs, packed, packed_other
         torch.cuda.empty_cache()

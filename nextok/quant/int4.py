@@ -19,6 +19,7 @@ perplexity on the default model; kernels/triton/w4a16_dot.py).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 from torch import nn
@@ -34,7 +35,8 @@ Q4_1 = 3  # ggml's type id for Q4_1 blocks
 # 0.48 / 0.49x row order's time at one row for Q4_K's groups of 32 (gate_up 30.9 us against
 # 64.2, down 17.3 against 35.5), 0.95 / 1.01x at 8 rows (H100, 2026-12-06-gguf-w8-h100.md;
 # benchmarks/gpu/gguf_probe.py times both orders). Groups of 64 and more were not timed.
-GROUP_MAJOR_MAX = 32
+# NEXTOK_INT4_GROUP_MAJOR_MAX moves it (benchmarks/gpu/issue7.sh w4a16 GM=1 times 128).
+GROUP_MAJOR_MAX = int(os.environ.get("NEXTOK_INT4_GROUP_MAJOR_MAX", "32"))
 
 
 @functools.cache
