@@ -53,6 +53,11 @@ DP4A = [dict(BLOCK_N=bn, TW=32, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1,
         for bn, nw, sp, dp, un in itertools.product((64, 128, 256), (4, 8), (2, 4, 8), (1, 2), (0, 1))
         if not (bn == 256 and (un or dp == 2)) and not (bn == 64 and nw == 8)]
 # (SPLIT 16 and BLOCK_N 64 at 8 warps were never among the five best at an 8B shape, 2026-12-05)
+# PIPE: the loop's loads pipelined by Triton through shared memory, 2 or 4 tiles ahead (w4a16.py)
+if os.environ.get("PROBE_PIPE", "1") != "0":
+    DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1, PIPE=pipe)
+             for bn, nw, sp, pipe in itertools.product((64, 128, 256), (4, 8), (2, 4, 8), (3, 5))
+             if not (bn == 64 and nw == 8)]
 # and one row as a stream (_w4a16_stream_kernel) on 1-4 programs an SM (PROBE_STREAM=0: not)
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 if os.environ.get("PROBE_STREAM", "1") != "0":

@@ -199,7 +199,7 @@ def test_committed_tile_tables_are_well_formed():
                 else:
                     assert tile["BLOCK_M"] == int(cls) and tile["SPLIT"] in (1, 2, 4, 8, 16), (path, shape)
                     assert tile.get("DEPTH", 1) in (1, 2) and tile.get("XAHEAD", 0) in (0, 1), (path, shape)
-                    assert tile.get("XRUN", 0) in (0, 1), (path, shape)
+                    assert tile.get("XRUN", 0) in (0, 1) and tile.get("PIPE", 0) in (0, 2, 3, 4, 5, 6), (path, shape)
                     assert tile.get("UNROLL", 0) in (0, tile.get("XAHEAD", 0)), (path, shape)  # needs XAHEAD
                     assert tile.get("maxnreg", 128) in (64, 96, 128, 168, 255), (path, shape)
                     assert cls == "1" or "STREAM" not in tile, (path, shape)  # one row only
@@ -221,13 +221,15 @@ def test_register_caps_reach_split_k_tiles_only():
 
 
 @pytest.mark.parametrize("ahead", [dict(DEPTH=2), dict(XAHEAD=1), dict(DEPTH=2, XAHEAD=1),
-                                   dict(XAHEAD=1, UNROLL=1), dict(DEPTH=2, XAHEAD=1, UNROLL=1)], ids=str)
+                                   dict(XAHEAD=1, UNROLL=1), dict(DEPTH=2, XAHEAD=1, UNROLL=1),
+                                   dict(PIPE=3), dict(PIPE=4, XRUN=1)], ids=str)
 @pytest.mark.parametrize("rows", [1, 5])
 def test_w4a16_loading_tiles_ahead_gives_the_same_products(monkeypatch, rows, ahead):
     """DEPTH 2 (the one-to-eight-row kernel loads W two tiles ahead), XAHEAD (x's tiles one
-    ahead too) and UNROLL (DEPTH + 1 tiles a turn in buffers of their own) change when things
-    are loaded, not what is added: bit-identical to none, on tiled and row-major words, and
-    with silu(gate) * up taken in."""
+    ahead too), UNROLL (DEPTH + 1 tiles a turn in buffers of their own) and PIPE (Triton's
+    pipeline of the loop's loads) change when things are loaded, not what is added:
+    bit-identical to none (XRUN: to XRUN without PIPE), on tiled and row-major words, and with
+    silu(gate) * up taken in."""
     from nextok.kernels.triton import w4a16_tiles
 
     n, k, group = SHAPES[0]
@@ -236,8 +238,10 @@ def test_w4a16_loading_tiles_ahead_gives_the_same_products(monkeypatch, rows, ah
     q, d, m = quantize_groups(w, group)
     words, d, m = pack_words(q).to(DEVICE), d.to(DEVICE), m.to(DEVICE)
     tiled = words4.tile_words(words, TILES)
-    want, want_silu = w4a16(x, words, d, m, b), w4a16(gate_up, words, d, m, b, silu_mul=True)
     config = w4a16_tiles.config
+    same = {key: v for key, v in ahead.items() if key == "XRUN"}  # what changes the sums
+    monkeypatch.setattr(w4a16_tiles, "config", lambda *a: (lambda dot, cfg: (dot, dict(cfg, **same)))(*config(*a)))
+    want, want_silu = w4a16(x, words, d, m, b), w4a16(gate_up, words, d, m, b, silu_mul=True)
     monkeypatch.setattr(w4a16_tiles, "config", lambda *a: (lambda dot, cfg: (dot, dict(cfg, **ahead)))(*config(*a)))
     assert torch.equal(w4a16(x, words, d, m, b), want)
     assert torch.equal(w4a16(x, tiled, d, m, b, layout=TILES), want)
@@ -245,7 +249,7 @@ def test_w4a16_loading_tiles_ahead_gives_the_same_products(monkeypatch, rows, ah
 
 
 @pytest.mark.parametrize("ahead,rows", [(dict(), 1), (dict(DEPTH=2, XAHEAD=1), 2),
-                                        (dict(DEPTH=2, XAHEAD=1, UNROLL=1), 1)], ids=str)
+                                        (dict(DEPTH=2, XAHEAD=1, UNROLL=1), 1), (dict(PIPE=3), 1)], ids=str)
 def test_w4a16_on_whole_tiles_drops_the_masks_and_gives_the_same_products(monkeypatch, rows, ahead):
     """N a multiple of BLOCK_N and K of the tile's words (EVEN): W and its scales are loaded
     without masks, a tile past K reloads the last one, and the products are bit-identical to

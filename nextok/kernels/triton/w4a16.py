@@ -122,7 +122,8 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                        INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr, LN: tl.constexpr,
                        LW: tl.constexpr, DEPTH: tl.constexpr, XAHEAD: tl.constexpr,
-                       EVEN: tl.constexpr, UNROLL: tl.constexpr = 0, XRUN: tl.constexpr = 0):
+                       EVEN: tl.constexpr, UNROLL: tl.constexpr = 0, XRUN: tl.constexpr = 0,
+                       PIPE: tl.constexpr = 0):
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),): a program takes BLOCK_M rows of x,
     # BLOCK_N rows of W and a SPLIT-th of K; the programs of one tile of W run side by side, so
     # its bytes come from DRAM once. x [M, 8 KW]; words [N, KW]; d, m [N, G]; y [M, N]. A tile:
@@ -173,9 +174,10 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     # tensor)
     w_tile = _tile_ptrs(w_ptr, n4, wword, KW, TW, LN, LW)
     kw_start = 0 if INTERPRET else kw_first
-    w_next = _w_tile(w_tile, wword, kw_start, n_ok4, kw_lo, kw_hi, KW - TW, LN, EVEN)
-    if DEPTH == 2:
-        w_after = _w_tile(w_tile, wword, kw_start + TW, n_ok4, kw_lo, kw_hi, KW - TW, LN, EVEN)
+    if not PIPE:
+        w_next = _w_tile(w_tile, wword, kw_start, n_ok4, kw_lo, kw_hi, KW - TW, LN, EVEN)
+        if DEPTH == 2:
+            w_after = _w_tile(w_tile, wword, kw_start + TW, n_ok4, kw_lo, kw_hi, KW - TW, LN, EVEN)
     # XAHEAD: x's tile (and up's) is loaded one tile ahead as well, after the wait (an earlier
     # kernel writes x), and so are the scales d, m (constants: the first before the wait); else
     # each tile's x-prep waits a full L2 round trip for its x. Why: the H200's gate_up at one row
@@ -184,18 +186,32 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     # night): every one-row 8B shape's best tile takes it; with DEPTH 2 where that pays, a
     # layer's four matmuls 50.7 -> 48.3 us.
     x_rows = x_ptr + xrow * s_xm + col
-    if XAHEAD:
+    if XAHEAD and not PIPE:
         d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw_start, kw_lo, kw_hi, G, S_DN, S_DG, WPG, GT, EVEN)
     pdl_wait(PDL)
-    if XAHEAD:
+    if XAHEAD and not PIPE:
         x_next, up_next = _x_tile(x_rows, kw_start + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
+    # PIPE (>= 2): the loop as written, each tile's loads in its own turn, and Triton's software
+    # pipeline (a loop with its own num_stages: loads that feed no tl.dot too) issues them PIPE - 1
+    # turns ahead as asynchronous copies into shared memory, which hold the tiles in flight
+    # instead of registers (DEPTH's tiles ahead cost registers, so programs an SM). Why: the
+    # one-row kernel read ~2.7 TB/s at gate_up on both an H100 (3.35 TB/s) and an H200 (4.8):
+    # the same time on a card with 1.4x the bandwidth, as if bound by the bytes each SM keeps in
+    # flight rather than by DRAM.
+    if PIPE:
+        for kw0 in tl.range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi, TW,
+                            num_stages=PIPE):
+            w, x, up, d, mn = _tile_loads(w_tile, wword, kw0, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok,
+                                          G, S_DN, S_DG, x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
+            acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, BLOCK_M,
+                                 BLOCK_N, GT, WPG, INTERPRET, XRUN)
     # UNROLL (with XAHEAD): the loop takes DEPTH + 1 tiles a turn, each in buffers of its own
     # (a, b[, c]), each buffer loaded right after its tile is multiplied, DEPTH tiles ahead.
     # Without it, the tile ahead moves into the current one's registers at the end of every
     # turn: on sm_90 32 moves a tile at gate_up's (of 512 instructions), and a move waits for
     # its load, so at DEPTH 2 the turn waited for the tile it had just asked for: one ahead in
     # effect. The loop's last turn may hold fewer tiles than DEPTH + 1 (the `if`s).
-    if UNROLL:
+    if UNROLL and not PIPE:
         a_w, a_x, a_up, a_d, a_m = w_next, x_next, up_next, d_next, mn_next
         if DEPTH == 2:
             b_w = w_after
@@ -226,7 +242,7 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
                 if kw0 + 2 * TW < (KW_INTERPRET if INTERPRET else kw_hi):
                     acc = _tile_products(acc, c_w, c_x, c_up, c_d, c_m, x_ptr.dtype.element_ty,
                                          SILU_MUL, BLOCK_M, BLOCK_N, GT, WPG, INTERPRET, XRUN)
-    if not UNROLL:
+    if not UNROLL and not PIPE:
         for kw0 in range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi, TW):
             w = w_next
             if DEPTH == 2:

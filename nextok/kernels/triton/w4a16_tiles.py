@@ -5,6 +5,8 @@ num_warps, num_stages, and for dp4a SPLIT, BLOCK_M, DEPTH, how many tiles of W a
 (1 if absent), XAHEAD, whether x's tiles are loaded one ahead too (0 if absent), and UNROLL,
 whether the loop takes DEPTH + 1 tiles a turn in buffers of their own (with XAHEAD; 0 if absent),
 XRUN, whether x's fixed point is per run of 4 words instead of per word (0 if absent; w4a16.py),
+PIPE, the stages of Triton's own pipeline of the loop's loads instead of DEPTH, XAHEAD and
+UNROLL (0 if absent: those; w4a16.py),
 for tl.dot (row classes DOT_CLASSES; one missing takes DEFAULT_TILES') BLOCK_M, rows a
 program (16, 32, 64 or 128; 16 if absent; fewer rows are padded to it: sm_90's wgmma takes 64),
 JOIN, one dot a tile (0 if absent; w4a16_dot.py), PAIRS, with JOIN W dequantized two columns a
@@ -104,7 +106,7 @@ def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
         extra = dict(SPLIT=tile.get("SPLIT", 1), BLOCK_M=min(tile.get("BLOCK_M", 1), triton.next_power_of_2(m)),
                      DEPTH=tile.get("DEPTH", 1), XAHEAD=tile.get("XAHEAD", 0),
                      UNROLL=tile.get("UNROLL", 0) if tile.get("XAHEAD", 0) else 0,  # UNROLL needs XAHEAD
-                     XRUN=tile.get("XRUN", 0))
+                     XRUN=tile.get("XRUN", 0), PIPE=tile.get("PIPE", 0))
     if not dot and m == 1 and tile.get("STREAM"):
         extra["STREAM"] = tile["STREAM"]
     if not dot and tile.get("maxnreg") and "STREAM" not in extra:  # ptxas's register cap
