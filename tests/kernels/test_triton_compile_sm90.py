@@ -21,7 +21,7 @@ from nextok.kernels.triton.gguf_linear import TYPES as GGUF_TYPES  # noqa: E402 
 # Runs in a subprocess: tests/conftest.py sets TRITON_INTERPRET=1 for the session, and kernels
 # decorated under it are interpreted functions, which do not compile.
 COMPILE = r"""
-import json, sys
+import json, re, sys
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from nextok.kernels.triton import attention, fp8_quant, fused, gemv, gguf_linear, int4_words, quant_linear, w4a16
@@ -43,7 +43,7 @@ for name, fn, types, const in json.loads(sys.argv[1]):
         first = lambda s: ptx.find(s) if s in ptx else len(ptx)
         out[name] = {"ok": True, "dp4a": "dp4a.u32.s32" in ptx and "dp4a.u32.u32" in ptx, "local": ".local" in ptx,
                      "load_before_wait": first("ld.global") < first("griddepcontrol.wait"),
-                     "v4_loads": "ld.global.v4" in ptx,
+                     "v4_loads": "ld.global.v4" in ptx, "cp_async_16": re.search(r"cp\.async\.cg\.shared\.global[^;]*, 0x10", ptx) is not None,
                      "f16_to_f32": "cvt.f32.f16" in ptx, "e4m3x2": "cvt.rn.f16x2.e4m3x2" in ptx}
     except Exception as e:
         out[name] = {"ok": False, "error": str(e)[-2000:]}
@@ -145,14 +145,21 @@ def _specs() -> list:
                       w4, dict(WPG=16, GT=gt, SPLIT=split, HAS_BIAS=True, SILU_MUL=silu, BLOCK_M=block_m,
                                BLOCK_N=128 // block_m, PDL=True, INTERPRET=False, KW_INTERPRET=0,
                                LN=ln, LW=16 if ln else 1, DEPTH=depth, XAHEAD=xahead > 0, UNROLL=xahead == 2,
-                               EVEN=even, XRUN=0)))
+                               EVEN=even, XRUN=0, PIPE=0)))
     # XRUN: x's fixed point per run of 4 words, the run's products in dp4a's accumulator
     for block_m, split, silu, gt, xahead in ((1, 8, False, 2, 1), (4, 2, True, 1, 0), (8, 4, False, 1, 1)):
         specs.append((f"w4a16 dp4a rows={block_m} split={split}{' silu_mul' if silu else ''} xrun",
                       ("w4a16", "_w4a16_dp4a_kernel"),
                       w4, dict(WPG=16, GT=gt, SPLIT=split, HAS_BIAS=True, SILU_MUL=silu, BLOCK_M=block_m,
                                BLOCK_N=64, PDL=True, INTERPRET=False, KW_INTERPRET=0, LN=64, LW=16,
-                               DEPTH=1, XAHEAD=xahead > 0, UNROLL=False, EVEN=True, XRUN=1)))
+                               DEPTH=1, XAHEAD=xahead > 0, UNROLL=False, EVEN=True, XRUN=1, PIPE=0)))
+    # PIPE: the loop's loads left to Triton's pipeline
+    for block_m, split, silu, pipe, xrun in ((1, 4, False, 3, 0), (1, 8, True, 5, 1), (4, 4, False, 3, 0)):
+        specs.append((f"w4a16 dp4a rows={block_m} split={split}{' silu_mul' if silu else ''} pipe={pipe}"
+                      f"{' xrun' if xrun else ''}", ("w4a16", "_w4a16_dp4a_kernel"),
+                      w4, dict(WPG=16, GT=2, SPLIT=split, HAS_BIAS=True, SILU_MUL=silu, BLOCK_M=block_m,
+                               BLOCK_N=128, PDL=True, INTERPRET=False, KW_INTERPRET=0, LN=64, LW=16,
+                               DEPTH=1, XAHEAD=False, UNROLL=False, EVEN=True, XRUN=xrun, PIPE=pipe)))
     for silu, xrun in ((False, 0), (True, 0), (True, 1)):
         specs.append((f"w4a16 dp4a stream silu_mul={silu}{' xrun' if xrun else ''}",
                       ("w4a16_stream", "_w4a16_stream_kernel"), w4,
@@ -177,11 +184,16 @@ def test_compiles_for_sm90(built, name):
     assert not result["local"], "spills to local memory"
     if name.startswith("w4a16 dp4a"):
         assert result["dp4a"], "the dp4a instructions are gone from the PTX"
-        # the first tile of W is loaded before the PDL wait, while the kernel before finishes
-        assert result["load_before_wait"], "no weight load before griddepcontrol.wait"
-        # W in 16-byte loads, tiled words too (through // and % the compiler's alignment
-        # analysis loses track, and a tiled kernel fell to 4-byte loads, 28 instructions a word)
-        assert result["v4_loads"], "the weight loads are not 16-byte vectors"
+        if "pipe=" in name:
+            # Triton's pipeline took the loads: 16-byte asynchronous copies into shared memory
+            # (a loop without its own num_stages, or loads it cannot take, stay synchronous)
+            assert result["cp_async_16"], "the loop's loads are not 16-byte cp.async copies"
+        else:
+            # the first tile of W is loaded before the PDL wait, while the kernel before finishes
+            assert result["load_before_wait"], "no weight load before griddepcontrol.wait"
+            # W in 16-byte loads, tiled words too (through // and % the compiler's alignment
+            # analysis loses track, and a tiled kernel fell to 4-byte loads, 28 instructions a word)
+            assert result["v4_loads"], "the weight loads are not 16-byte vectors"
     if name in ("decode quant=2", "prefill quant=2"):
         # fp8 keys and values go to float16 in one instruction per two and stay there; through
         # float32 to bfloat16 the 64-key decode tile took 944 instructions, not 764 (bf16: 495)
