@@ -64,6 +64,9 @@ if os.environ.get("PROBE_STREAM", "1") != "0":
     DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=nw, num_stages=3, SPLIT=1, BLOCK_M=1, DEPTH=1, XAHEAD=0,
                   STREAM=per_sm * SMS, XRUN=xr)
              for bn, nw, per_sm, xr in itertools.product((64, 128), (4, 8), (1, 2, 3, 4), (0, 1))]
+    if os.environ.get("PROBE_PIPE", "1") != "0":  # the stream's loads pipelined by Triton too
+        DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=4, num_stages=3, SPLIT=1, BLOCK_M=1, STREAM=per_sm * SMS,
+                      PIPE=pipe) for bn, per_sm, pipe in itertools.product((64, 128), (2, 3, 4), (3, 5))]
 # XRUN: x's fixed point per run of 4 words, whose products add up in dp4a's accumulator (w4a16.py);
 # one row: beside the stream's, at the split-K tiles that won on either card
 DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=4, num_stages=3, SPLIT=sp, BLOCK_M=1, DEPTH=1, XAHEAD=1, XRUN=1)

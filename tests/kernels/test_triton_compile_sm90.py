@@ -160,11 +160,11 @@ def _specs() -> list:
                       w4, dict(WPG=16, GT=2, SPLIT=split, HAS_BIAS=True, SILU_MUL=silu, BLOCK_M=block_m,
                                BLOCK_N=128, PDL=True, INTERPRET=False, KW_INTERPRET=0, LN=64, LW=16,
                                DEPTH=1, XAHEAD=False, UNROLL=False, EVEN=True, XRUN=xrun, PIPE=pipe)))
-    for silu, xrun in ((False, 0), (True, 0), (True, 1)):
-        specs.append((f"w4a16 dp4a stream silu_mul={silu}{' xrun' if xrun else ''}",
+    for silu, xrun, pipe in ((False, 0, 0), (True, 0, 0), (True, 1, 0), (False, 0, 3), (True, 1, 4)):
+        specs.append((f"w4a16 dp4a stream silu_mul={silu}{' xrun' if xrun else ''}{f' pipe={pipe}' if pipe else ''}",
                       ("w4a16_stream", "_w4a16_stream_kernel"), w4,
                       dict(WPG=16, GT=2, HAS_BIAS=True, SILU_MUL=silu, BLOCK_N=128, PDL=True,
-                           INTERPRET=False, LN=64, LW=16, XRUN=xrun)))
+                           INTERPRET=False, LN=64, LW=16, XRUN=xrun, PIPE=pipe)))
     return specs
 
 

@@ -320,12 +320,14 @@ def test_w4a16_on_group_major_scales_equals_row_major(monkeypatch, rows, stream)
     assert torch.equal(layer(x), want)
 
 
+@pytest.mark.parametrize("pipe", [0, 3])
 @pytest.mark.parametrize("programs", [1, 3, 7, 40])
-def test_w4a16_stream_gives_the_split_grids_products(monkeypatch, programs):
+def test_w4a16_stream_gives_the_split_grids_products(monkeypatch, programs, pipe):
     """One row as a stream (STREAM programs, each a run of (row tile, K tile) steps; runs that
     end inside a row tile leave partial sums the tile's last program adds in run order): the
     split grid's products, on tiled and row-major words, with bias and with silu(gate) * up.
-    One program adds every tile in K order as one split does: bit for bit."""
+    One program adds every tile in K order as one split does: bit for bit. PIPE (each step's
+    loads in its own turn, for Triton's pipeline) too."""
     from nextok.kernels.triton import w4a16_stream, w4a16_tiles
 
     n, k, group = SHAPES[0]
@@ -342,7 +344,8 @@ def test_w4a16_stream_gives_the_split_grids_products(monkeypatch, programs):
             w4a16(gate_up, tiled, d, m, b, silu_mul=True, layout=TILES)]
     streams, original = [], w4a16_stream.stream
     monkeypatch.setattr(w4a16_stream, "stream", lambda *a: (streams.append(1), original(*a))[1])
-    monkeypatch.setattr(w4a16_tiles, "config", lambda *a: (lambda dot, cfg: (dot, dict(cfg, STREAM=programs)))(*split_one(*a)))
+    monkeypatch.setattr(w4a16_tiles, "config",
+                        lambda *a: (lambda dot, cfg: (dot, dict(cfg, STREAM=programs, PIPE=pipe)))(*split_one(*a)))
     got = [w4a16(x, words, d, m, b), w4a16(x, tiled, d, m, None, layout=TILES),
            w4a16(gate_up, tiled, d, m, b, silu_mul=True, layout=TILES)]
     assert len(streams) == 3

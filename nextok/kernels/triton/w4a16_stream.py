@@ -28,7 +28,7 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, cou
                          N, KW, G, S_DN, S_DG, WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
                          SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                          INTERPRET: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr,
-                         XRUN: tl.constexpr = 0):
+                         XRUN: tl.constexpr = 0, PIPE: tl.constexpr = 0):
     # One row of x, as a stream: the steps (row tile r of BLOCK_N rows of W, K tile of TW
     # words), row tile by row tile and K in order within one, are cut into num_programs equal
     # runs, one a program. A program streams its run with the next step's words in flight and
@@ -50,31 +50,47 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, cou
     w_tile = _tile_ptrs(w_ptr, lane[None, :, None, None], wword, KW, TW, LN, LW)  # row tile 0
     xword = tl.arange(0, GT)[None, :, None, None] * WPG + tl.arange(0, WPG)[None, None, :, None]
     x_rows = x_ptr + tl.arange(0, 8)[None, None, None, :]
-    # the step as (row tile, first word), carried from step to step: no division in the loop
-    r = it_lo // T
-    kw0 = (it_lo - r * T) * TW
-    # the next step's words, scales (constants: before the PDL wait) and x, loaded a step ahead
-    w_next = _stream_w(w_tile, wword, lane, r, kw0, it_lo < it_hi, N, KW, BLOCK_N, LN)
-    sc_next = _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, S_DN, S_DG, BLOCK_N, WPG, GT)
-    pdl_wait(PDL)
-    x_next = _x_tile(x_rows, kw0 + xword, True, 0, KW, KW, SILU_MUL)
-    acc = tl.zeros([1, BLOCK_N, GT, WPG // 4], dtype=tl.float32)
-    # (the interpreter cannot loop between runtime bounds: a while loop there, as in
-    # attention.py; compiled code keeps the for loop)
-    if INTERPRET:
-        it = it_lo
-        while it < it_hi:
-            acc, w_next, sc_next, x_next, r, kw0 = _stream_step(
-                acc, w_next, sc_next, x_next, r, kw0, it + 1 < it_hi, T, total, P, pid, w_tile,
-                wword, lane, x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-                N, KW, G, S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN)
-            it += 1
+    if PIPE:  # each step's loads in its own turn, issued PIPE - 1 steps ahead by Triton (w4a16.py)
+        pdl_wait(PDL)
+        acc = tl.zeros([1, BLOCK_N, GT, WPG // 4], dtype=tl.float32)
+        if INTERPRET:
+            it = it_lo
+            while it < it_hi:
+                acc = _stream_pipe_step(acc, it, it + 1 < it_hi, T, total, P, pid, w_tile, wword, lane, x_rows,
+                                        xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G,
+                                        S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN)
+                it += 1
+        else:
+            for it in tl.range(it_lo, it_hi, num_stages=PIPE):
+                acc = _stream_pipe_step(acc, it, it + 1 < it_hi, T, total, P, pid, w_tile, wword, lane, x_rows,
+                                        xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G,
+                                        S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN)
     else:
-        for it in range(it_lo, it_hi):
-            acc, w_next, sc_next, x_next, r, kw0 = _stream_step(
-                acc, w_next, sc_next, x_next, r, kw0, it + 1 < it_hi, T, total, P, pid, w_tile,
-                wword, lane, x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-                N, KW, G, S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN)
+        # the step as (row tile, first word), carried from step to step: no division in the loop
+        r = it_lo // T
+        kw0 = (it_lo - r * T) * TW
+        # the next step's words, scales (constants: before the PDL wait) and x, loaded a step ahead
+        w_next = _stream_w(w_tile, wword, lane, r, kw0, it_lo < it_hi, N, KW, BLOCK_N, LN)
+        sc_next = _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, S_DN, S_DG, BLOCK_N, WPG, GT)
+        pdl_wait(PDL)
+        x_next = _x_tile(x_rows, kw0 + xword, True, 0, KW, KW, SILU_MUL)
+        acc = tl.zeros([1, BLOCK_N, GT, WPG // 4], dtype=tl.float32)
+        # (the interpreter cannot loop between runtime bounds: a while loop there, as in
+        # attention.py; compiled code keeps the for loop)
+        if INTERPRET:
+            it = it_lo
+            while it < it_hi:
+                acc, w_next, sc_next, x_next, r, kw0 = _stream_step(
+                    acc, w_next, sc_next, x_next, r, kw0, it + 1 < it_hi, T, total, P, pid, w_tile,
+                    wword, lane, x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
+                    N, KW, G, S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN)
+                it += 1
+        else:
+            for it in range(it_lo, it_hi):
+                acc, w_next, sc_next, x_next, r, kw0 = _stream_step(
+                    acc, w_next, sc_next, x_next, r, kw0, it + 1 < it_hi, T, total, P, pid, w_tile,
+                    wword, lane, x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
+                    N, KW, G, S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN)
 
 
 @triton.jit
@@ -104,6 +120,60 @@ def _stream_step(acc, w_next, sc_next, x_next, r, kw0, more, T, total, P, pid, w
                       part_ptr, count_ptr, N, HAS_BIAS)
         acc = tl.zeros_like(acc)
     return acc, w_next, sc_next, x_next, r_next, kw_next
+
+
+@triton.jit
+def _stream_pipe_step(acc, it, more, T, total, P, pid, w_tile, wword, lane, x_rows, xword, x_ptr, d_ptr, m_ptr,
+                      b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G, S_DN, S_DG, WPG: tl.constexpr,
+                      GT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr,
+                      INTERPRET: tl.constexpr, LN: tl.constexpr, XRUN: tl.constexpr):
+    # PIPE's step `it`: (row tile r, word kw0) from it itself, not carried, so that the
+    # pipeline can compute a later step's addresses ahead (a division a step: ~20 instructions
+    # against a tile's ~500); its loads, its products, and the sums out at the row tile's
+    # last K tile or the run's last step
+    TW: tl.constexpr = GT * WPG
+    r = it // T
+    kw0 = (it - r * T) * TW
+    w = _stream_w(w_tile, wword, lane, r, kw0, True, N, KW, BLOCK_N, LN)
+    d, mn = _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, S_DN, S_DG, BLOCK_N, WPG, GT)
+    x, up = _x_tile(x_rows, kw0 + xword, True, 0, KW, KW, SILU_MUL)
+    acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, 1, BLOCK_N, GT, WPG, INTERPRET,
+                         XRUN)
+    if (kw0 + TW >= KW) | (not more):
+        _stream_flush_lanes(tl.sum(tl.sum(acc, axis=3), axis=2), r, r * BLOCK_N + lane, T, total, P, pid, b_ptr,
+                            y_ptr, part_ptr, count_ptr, N, HAS_BIAS)
+        acc = tl.zeros_like(acc)
+    return acc
+
+
+@triton.jit
+def _stream_flush_lanes(out, r, n, T, total, P, pid, b_ptr, y_ptr, part_ptr, count_ptr, N,
+                        HAS_BIAS: tl.constexpr):
+    # _stream_flush with a count per row of W (count [N] zeros) instead of one per tile: each
+    # lane's atomic (acq_rel) follows its own store of its sums, so no barrier is needed, and a
+    # barrier in a loop stops Triton's pipeline. For each row the program that counts last adds
+    # the row's sums in slot order and writes y.
+    first = ((r * T + 1) * P - 1) // total
+    last = (((r + 1) * T) * P - 1) // total
+    n_ok = (n < N)[None, :]
+    if first == last:  # one program holds the whole tile
+        if HAS_BIAS:
+            out += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + n[None, :], out.to(y_ptr.dtype.element_ty), mask=n_ok)
+    else:
+        tl.store(part_ptr + (pid - first) * N + n[None, :], out, mask=n_ok)
+        done = tl.atomic_add(count_ptr + n[None, :], tl.full(out.shape, 1, tl.int32), mask=n_ok, sem="acq_rel",
+                             scope="gpu")
+        mine = n_ok & (done == last - first)
+        out = tl.zeros_like(out)
+        k = 0
+        while k <= last - first:  # slot order: the same sum whoever finishes last
+            out += tl.load(part_ptr + k * N + n[None, :], mask=mine, other=0.0, cache_modifier=".cg")
+            k += 1
+        tl.store(count_ptr + n[None, :], tl.zeros_like(done), mask=mine)
+        if HAS_BIAS:
+            out += tl.load(b_ptr + n[None, :], mask=mine, other=0.0).to(tl.float32)
+        tl.store(y_ptr + n[None, :], out.to(y_ptr.dtype.element_ty), mask=mine)
 
 
 @triton.jit
@@ -166,10 +236,10 @@ def stream(x, words, d, m, bias, y, silu_mul: bool, layout, use_pdl: bool, cfg: 
     total = tiles * triton.cdiv(kw, gt * wpg)
     programs = min(cfg["STREAM"], total)
     slots = triton.cdiv(triton.cdiv(kw, gt * wpg), total // programs) + 1  # programs a tile at most
-    part, count = _scratch(x.device, slots * n, tiles)
+    part, count = _scratch(x.device, slots * n, n if cfg.get("PIPE") else tiles)  # PIPE: a count a row
     _w4a16_stream_kernel[(programs,)](
         x, words, d, m, bias if bias is not None else d, y, part, count, n, kw, d.shape[1], *d.stride(),
         WPG=wpg, GT=gt, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, PDL=use_pdl,
-        XRUN=cfg.get("XRUN", 0),
+        XRUN=cfg.get("XRUN", 0), PIPE=cfg.get("PIPE", 0),
         INTERPRET=INTERPRETED, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         launch_pdl=use_pdl, **lay)
