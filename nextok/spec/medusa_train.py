@@ -15,7 +15,8 @@ at most --windows-per-file windows each, spread over the file; the first --val-w
    learns the token at t + 2 + i: the data's (--labels data) or the model's own greedy choice
    there given the data before it (--labels model, a cheap self-distillation). Loss: cross
    entropy, head i weighted 0.8^i (Medusa's); the vocabulary projection and the loss in bfloat16
-   (autocast), the heads' weights and optimiser state in float32.
+   (autocast) where the device computes bfloat16 natively (a GPU, a CPU with AVX512-BF16 or AMX),
+   else in float32; the heads' weights and optimiser state in float32.
 3. Validation on the kept-apart windows: per head, how often its argmax equals the model's greedy
    token; and the mean length of the run of heads from head 0 that all do ("chain"), a
    teacher-forced estimate of the drafts accepted per verify step.
@@ -33,6 +34,7 @@ from torch.nn import functional as F
 
 from nextok.bench.common import header
 from nextok.errors import NextokError
+from nextok.platform import cpu_has_native_bf16
 from nextok.spec.medusa_heads import MedusaHeads, base_identity
 
 LOSS_DECAY = 0.8  # head i's loss weight: LOSS_DECAY ** i
@@ -161,6 +163,14 @@ def targets(pool: dict, idx: torch.Tensor, head: int, labels: str) -> torch.Tens
     return pool["greedy"][idx, 1 + head:-1]  # the model's guess at t + 1 + head for t + 2 + head
 
 
+def bf16_autocast(device: torch.device) -> torch.autocast:
+    """autocast to bfloat16 where the device multiplies it natively, else a disabled one: on
+    a CPU without AVX512-BF16 or AMX (an AVX2 EPYC) torch emulates it, and a head's loss and
+    its backward took 27x float32's time (15.2 s against 0.57, one thread)."""
+    fast = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_native_bf16()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=fast)
+
+
 def head_loss(heads: MedusaHeads, head: int, h: torch.Tensor, target: torch.Tensor,
               base_weight: torch.Tensor) -> torch.Tensor:
     """h [B, L, hidden] float32 -> mean cross entropy of head `head` over positions 0..L-3-head."""
@@ -169,8 +179,8 @@ def head_loss(heads: MedusaHeads, head: int, h: torch.Tensor, target: torch.Tens
     z = F.linear(x, heads.weight[head], heads.bias[head])
     x = x + F.silu(z)  # as MedusaHeads.residual
     w = base_weight if heads.proj is None else heads.proj[head]
-    with torch.autocast(device_type=h.device.type, dtype=torch.bfloat16):
-        logits = F.linear(x, w)  # [B * n, vocab] bfloat16
+    with bf16_autocast(h.device):
+        logits = F.linear(x, w)  # [B * n, vocab] bfloat16 (float32 without native bfloat16)
     # In bfloat16 too (its reductions accumulate in float32): ~1.7x faster than on a float32
     # copy of the logits on the 2-core Xeon, where this loss is most of a step's time.
     return F.cross_entropy(logits, target.reshape(-1)).float()
@@ -264,7 +274,7 @@ def validate(heads: MedusaHeads, val: dict, base_weight: torch.Tensor, chunk: in
                         for i in range(num_heads)], dim=1)  # [N, H]: the greedy token at t + 2 + i
     agree = []
     for a in range(0, h.shape[0], chunk):
-        with torch.autocast(device_type=h.device.type, dtype=torch.bfloat16):
+        with bf16_autocast(h.device):
             logits = heads.logits(h[a:a + chunk].float(), lambda x: F.linear(x, base_weight))
         agree.append(logits.argmax(-1) == want[a:a + chunk])  # [chunk, H]
     agree = torch.cat(agree)
