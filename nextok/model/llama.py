@@ -160,8 +160,9 @@ class LlamaForCausalLM(nn.Module):
             dense = self.get_submodule(module_name) if module_name != "lm_head" else self.lm_head
             if dense is None:  # the tied lm_head where oneDNN packed no copy of it (bfloat16 on
                 # a CPU without AVX-512): a linear on the embedding's own weight, for big steps
-                dense = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False, device="meta")
-                dense.weight = self.embed_tokens.weight
+                weight = self.embed_tokens.weight
+                dense = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta", dtype=weight.dtype)
+                dense.weight = weight
             if len(parts) != want:
                 continue  # a part in a type without a block kernel: stays dense
             # shards stacked in output rows; runs of one type (*_K_M files mix them: q, k Q4_K,
