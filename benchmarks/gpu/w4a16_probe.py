@@ -34,6 +34,7 @@ from nextok.kernels.triton import int4_words as words4  # noqa: E402
 from nextok.kernels.triton import w4a16 as w4  # noqa: E402
 from nextok.kernels.triton import w4a16_tiles as tiles  # noqa: E402
 from nextok.kernels.triton.gemv import gemv  # noqa: E402
+from nextok.quant.base import scales_in_order  # noqa: E402
 from nextok.quant.int4 import dequantize_groups, pack_words, quantize_groups  # noqa: E402
 
 DEFAULT_SHAPES = "6144x4096,4096x4096,28672x4096,4096x14336,4608x3584,3584x3584,37888x3584,3584x18944"
@@ -53,11 +54,12 @@ DP4A = [dict(BLOCK_N=bn, TW=32, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1,
         for bn, nw, sp, dp, un in itertools.product((64, 128, 256), (4, 8), (2, 4, 8), (1, 2), (0, 1))
         if not (bn == 256 and (un or dp == 2)) and not (bn == 64 and nw == 8)]
 # (SPLIT 16 and BLOCK_N 64 at 8 warps were never among the five best at an 8B shape, 2026-12-05)
-# PIPE: the loop's loads pipelined by Triton through shared memory, 2 or 4 tiles ahead (w4a16.py)
+# PIPE: the loop's loads pipelined by Triton through shared memory, 2 tiles ahead (w4a16.py). On
+# an H100 (2026-12-07-gguf-h100.md) never the best: 1.03-1.13x the best tile's time at each 8B
+# shape; 4 tiles ahead (PIPE 5) slower still. Swept for the H200, whose DRAM is faster.
 if os.environ.get("PROBE_PIPE", "1") != "0":
-    DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1, PIPE=pipe)
-             for bn, nw, sp, pipe in itertools.product((64, 128, 256), (4, 8), (2, 4, 8), (3, 5))
-             if not (bn == 64 and nw == 8)]
+    DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1, PIPE=3)
+             for bn, nw, sp in itertools.product((64, 128, 256), (4, 8), (2, 4, 8)) if not (bn == 64 and nw == 8)]
 # and one row as a stream (_w4a16_stream_kernel) on 1-4 programs an SM (PROBE_STREAM=0: not)
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 if os.environ.get("PROBE_STREAM", "1") != "0":
@@ -66,7 +68,7 @@ if os.environ.get("PROBE_STREAM", "1") != "0":
              for bn, nw, per_sm, xr in itertools.product((64, 128), (4, 8), (1, 2, 3, 4), (0, 1))]
     if os.environ.get("PROBE_PIPE", "1") != "0":  # the stream's loads pipelined by Triton too
         DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=4, num_stages=3, SPLIT=1, BLOCK_M=1, STREAM=per_sm * SMS,
-                      PIPE=pipe) for bn, per_sm, pipe in itertools.product((64, 128), (2, 3, 4), (3, 5))]
+                      PIPE=3) for bn, per_sm in itertools.product((64, 128), (2, 3, 4))]
 # XRUN: x's fixed point per run of 4 words, whose products add up in dp4a's accumulator (w4a16.py);
 # one row: beside the stream's, at the split-K tiles that won on either card
 DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=4, num_stages=3, SPLIT=sp, BLOCK_M=1, DEPTH=1, XAHEAD=1, XRUN=1)
@@ -151,7 +153,7 @@ def main() -> int:
                 lambda i: w4.w4a16(x, *packed_other[i], layout=other), copies)}
             # and on d, m in group order (quant/int4.py GROUP_MAJOR_MAX): what that order is worth
             # at groups of 128
-            gm = [(words_i, d_i.t().contiguous().t(), m_i.t().contiguous().t()) for words_i, d_i, m_i in packed]
+            gm = [(words_i, scales_in_order(d_i, True), scales_in_order(m_i, True)) for words_i, d_i, m_i in packed]
             r["group_major_us"] = graph_us(lambda i: w4.w4a16(x, *gm[i], layout=LAYOUT), copies)
             r["group_major_max_diff"] = (w4.w4a16(x, *gm[0], layout=LAYOUT).float() - ref).abs().max().item()
             del gm

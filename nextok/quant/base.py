@@ -51,6 +51,20 @@ def quantize_model(model: nn.Module, method: QuantMethod, lm_head: bool = False)
     return len(targets)
 
 
+def scales_in_order(t: torch.Tensor, group_major: bool) -> torch.Tensor:
+    """Per-group scales (or mins) [out, groups] in row order (contiguous), or in group order: a
+    view of a [groups, out'] tensor whose rows are padded to a multiple of 16 entries, so the
+    kernels' stride between groups is one Triton specializes as divisible by 16 (with a stride
+    it cannot, e.g. 24 rows, Triton 3.6 failed to compile the W4A16 tl.dot kernel for sm_90:
+    "Illegal shared layout")."""
+    if not group_major:
+        return t.contiguous()
+    out, groups = t.shape
+    padded = t.new_zeros(groups, -(-out // 16) * 16)
+    padded[:, :out] = t.t()
+    return padded[:, :out].t()
+
+
 def bias_parameter(bias: torch.Tensor | None) -> nn.Parameter | None:
     """A quantized layer's bias as a parameter (quantize_model hands over a plain tensor), so that
     .to(device) moves it with the layer's buffers."""

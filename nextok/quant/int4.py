@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from nextok.errors import NextokError
-from nextok.quant.base import QuantMethod, bias_parameter, triton_gemv_rows
+from nextok.quant.base import QuantMethod, bias_parameter, scales_in_order, triton_gemv_rows
 
 Q4_1 = 3  # ggml's type id for Q4_1 blocks
 # On CUDA, layers with groups of up to this many columns keep d and m in group order: in row
@@ -147,10 +147,10 @@ class Int4Linear(nn.Module):
 
     def set_scale_order(self, group_major: bool) -> None:
         """d and m [out, groups] in row order (False) or group order (True: a view of a
-        [groups, out] tensor), which the kernels read through their strides."""
+        [groups, out] tensor, base.scales_in_order), which the kernels read through their
+        strides."""
         for name in ("scales", "mins"):
-            t = getattr(self, name)
-            setattr(self, name, t.t().contiguous().t() if group_major else t.contiguous())
+            setattr(self, name, scales_in_order(getattr(self, name), group_major))
 
     def row_major_words(self) -> torch.Tensor:
         """qweight as int32 [out, in / 8] in row order, whatever its layout."""

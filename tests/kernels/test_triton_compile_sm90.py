@@ -103,6 +103,12 @@ def _specs() -> list:
                                y_ptr="*bf16", part_ptr="*fp32", count_ptr="*i32"),
                           dict(HAS_BIAS=True, DOT=dot, BLOCK_M=block_m, BLOCK_N=64, BK=128, SPLIT=2, PDL=True,
                                IEEE=False, INTERPRET=False, K_INTERPRET=0, GROUP=group, HAS_MIN=mins)))
+            if group:  # group order (S_SN 1, as the launcher specializes it), GROUP_TILES' tile
+                specs.append((f"w8a16 dot={dot} group={group} group-major", ("quant_linear", "_w8a16_kernel"),
+                              dict(x_ptr="*bf16", q_ptr="*i8", s_ptr="*fp16", m_ptr="*fp16", b_ptr="*bf16",
+                                   y_ptr="*bf16", part_ptr="*fp32", count_ptr="*i32"),
+                              dict(HAS_BIAS=True, DOT=dot, BLOCK_M=block_m, BLOCK_N=32, BK=256, SPLIT=2, PDL=True,
+                                   IEEE=False, INTERPRET=False, K_INTERPRET=0, GROUP=group, HAS_MIN=mins, S_SN=1)))
         for type_id, (qk, nb, sub) in GGUF_TYPES.items():
             specs.append((f"gguf type={type_id} dot={dot}", ("gguf_linear", "_gguf_linear_kernel"),
                           dict(x_ptr="*bf16", w_ptr="*u8", b_ptr="*bf16", y_ptr="*bf16"),
@@ -122,7 +128,17 @@ def _specs() -> list:
                            y_ptr=f"*{xt}", part_ptr="*fp32", count_ptr="*i32"),
                       dict(WPG=16, GT=1 if join else 2, HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=64 if join else 32,
                            PDL=True, IEEE=False, INTERPRET=False, KW_INTERPRET=0, LN=ln, LW=lw,
-                           JOIN=join, SPLIT=split, PAIRS=pairs)))
+                           JOIN=join, SPLIT=split, PAIRS=pairs, GROUP_MAJOR=0)))
+    # d and m in group order (S_DN 1, as the launcher specializes it; quant/base.py
+    # scales_in_order), groups of 32 and 64: in row order's load Triton 3.6 failed here
+    # ("Illegal shared layout", a GGUF Q4_K layer at 40 rows on an H100)
+    for wpg, pairs in ((4, 1), (4, 0), (8, 1)):
+        specs.append((f"w4a16 tl.dot kernel group-major WPG={wpg} PAIRS={pairs}", ("w4a16_dot", "_w4a16_dot_kernel"),
+                      dict(x_ptr="*bf16", w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", b_ptr="*fp16",
+                           y_ptr="*bf16", part_ptr="*fp32", count_ptr="*i32"),
+                      dict(WPG=wpg, GT=16 // wpg, HAS_BIAS=True, BLOCK_M=64, BLOCK_N=64, PDL=True, IEEE=False,
+                           INTERPRET=False, KW_INTERPRET=0, LN=0, LW=1, JOIN=1, SPLIT=2, PAIRS=pairs,
+                           GROUP_MAJOR=1, S_DN=1)))
     for ln, lw in ((0, 1), (64, 16)):  # row-major words, and tiled (int4_words.LAYOUT)
         specs.append((f"w4a16 dequantize tiles={ln}x{lw}", ("int4_words", "_dequant_kernel"),
                       dict(w_ptr="*i32", d_ptr="*fp16", m_ptr="*fp16", out_ptr="*bf16"),

@@ -24,6 +24,7 @@ from nextok.kernels.triton.w4a16_tiles import DP4A_ROWS  # noqa: E402
 from nextok.quant.int4 import (Int4Linear, dequantize_groups, pack_nibbles, pack_words,  # noqa: E402
                                quantize_groups, unpack_nibbles, unpack_words)
 from nextok.quant.int8 import Int8Linear, dequantize, quantize_per_channel  # noqa: E402
+from nextok.quant.base import scales_in_order  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -300,8 +301,8 @@ def test_w4a16_on_group_major_scales_equals_row_major(monkeypatch, rows, stream)
     q, d, m = quantize_groups(w, group)
     words = words4.tile_words(pack_words(q).to(DEVICE), TILES)
     d, m = d.to(DEVICE), m.to(DEVICE)
-    dg, mg = d.t().contiguous().t(), m.t().contiguous().t()
-    assert dg.stride() == (1, n) and torch.equal(dg, d)
+    dg, mg = scales_in_order(d, True), scales_in_order(m, True)
+    assert dg.stride() == (1, _padded(n)) and torch.equal(dg, d)
     if stream:
         tile = dict(SPLIT=1, DEPTH=1, XAHEAD=0, STREAM=stream)
         config = w4a16_tiles.config
@@ -316,8 +317,24 @@ def test_w4a16_on_group_major_scales_equals_row_major(monkeypatch, rows, stream)
     layer = Int4Linear(q.to(DEVICE), d, m, b)
     want = layer(x)
     layer.set_scale_order(True)
-    assert layer.scales.stride() == (1, n) and layer.mins.stride() == (1, n)
+    assert layer.scales.stride() == (1, _padded(n)) and layer.mins.stride() == (1, _padded(n))
     assert torch.equal(layer(x), want)
+
+
+def _padded(n: int) -> int:  # group-order scales' stride between groups (scales_in_order)
+    return -(-n // 16) * 16
+
+
+def test_group_order_scales_pad_the_stride_between_groups():
+    """Group order keeps the values and pads each group's row to a multiple of 16 entries, so
+    Triton specializes the stride as divisible by 16 (24 rows, stride 24: Triton 3.6 failed to
+    compile the W4A16 tl.dot kernel for sm_90); row order is contiguous again."""
+    t = torch.randn(24, 8, dtype=torch.float16)
+    g = scales_in_order(t, True)
+    assert g.shape == (24, 8) and g.stride() == (1, 32) and torch.equal(g, t)
+    assert scales_in_order(torch.randn(32, 4), True).stride() == (1, 32)
+    r = scales_in_order(g, False)
+    assert r.is_contiguous() and torch.equal(r, t)
 
 
 @pytest.mark.parametrize("pipe", [0, 3])
@@ -507,7 +524,7 @@ def test_w8a16_groups(dtype, group, mins, rows, monkeypatch):
     got = w8a16(x, layer.qweight, layer.scale, b, layer.mins)
     for group_major in (True, False):  # group order, and back: the same products
         layer.set_scale_order(group_major)
-        assert layer.scale.stride() == ((1, n) if group_major else (k // group, 1))
+        assert layer.scale.stride() == ((1, _padded(n)) if group_major else (k // group, 1))
         assert (layer.mins is None or layer.mins.stride() == layer.scale.stride())
         assert torch.equal(w8a16(x, layer.qweight, layer.scale, b, layer.mins), got)
         assert torch.equal(layer.dequantize(), dq)
@@ -566,8 +583,9 @@ def test_w8a16_tiles_per_row_class(monkeypatch):
     assert t.config(200, 4096, 4096, gpu)["BLOCK_M"] == t.DEFAULT_TILES["256"]["BLOCK_M"]
     assert t.config(3, 64, 256, gpu)["SPLIT"] == 1  # K too short to split into 4 steps of BK
     for m, cls in ((1, "1"), (9, "16")):  # group scales: their own tiles up to 16 rows, then the table's
-        assert t.config(m, 4096, 4096, gpu, grouped=True) == dict(t.GROUP_TILES[cls], BLOCK_M=16 if m > 1 else 1,
-                                                                  SPLIT=t._split(t.GROUP_TILES[cls], m, 4096, 4096))
+        tile = t.GROUP_TILES[cls]  # (tl.dot takes blocks of 16 rows, one row too)
+        assert t.config(m, 4096, 4096, gpu, grouped=True) == dict(
+            tile, BLOCK_M=16 if tile["DOT"] else 1, SPLIT=t._split(tile, m, 4096, 4096))
     assert t.config(200, 4096, 4096, gpu, grouped=True) == t.config(200, 4096, 4096, gpu)
     for value, want in (("", t.KERNEL_ROWS), ("256", 256), ("1", 1)):
         monkeypatch.setenv("NEXTOK_W8A16_ROWS", value)

@@ -121,7 +121,8 @@ def w8a16(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
           bias: torch.Tensor | None = None, mins: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ W.T (+ bias), q int8 [N, K]: W = scale * q with scale float16 [N], or with
     scale (and mins) float16 [N, K / G], W = scale * q + mins per G columns (G = 16 or 32), in
-    row order or group order (a view of a [K / G, N] tensor; mins as scale)."""
+    row order or group order (a view of a [K / G, N'] tensor, N' >= N: quant/base.py
+    scales_in_order; mins as scale)."""
     from nextok.kernels.triton import w8a16_tiles
     from nextok.kernels.triton.w4a16 import _scratch
 
@@ -133,7 +134,7 @@ def w8a16(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     strides = scale.stride() if group else (1, 0)
     if (scale.shape[0] != n or group not in (0, 16, 32) or group * scale.shape[-1] not in (0, k)
             or not (group or scale.is_contiguous())
-            or strides not in ((1, 0), (k // max(group, 1), 1), (1, n))
+            or not (strides in ((1, 0), (k // max(group, 1), 1)) or (strides[0] == 1 and strides[1] >= n))
             or (mins is not None and (not group or mins.shape != scale.shape or mins.stride() != strides))):
         raise ValueError(f"W8A16 takes a scale [N] or scales (and mins) [N, K / 16 or 32] in row or "
                          f"group order; got scale {list(scale.shape)} (strides {list(scale.stride())}), "

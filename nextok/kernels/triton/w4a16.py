@@ -338,7 +338,8 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
             grid = (tiles * cfg["SPLIT"] * mb,)
             if dot:
                 _w4a16_dot_kernel[grid](*args, part, count, rows, n, kw, d.shape[1], *d.stride(), x.stride(0),
-                                        y.stride(0), IEEE=INTERPRETED or x.dtype == torch.float32, **common)
+                                        y.stride(0), IEEE=INTERPRETED or x.dtype == torch.float32,
+                                        GROUP_MAJOR=d.stride(1) != 1, **common)
             else:
                 _w4a16_dp4a_kernel[grid](
                     *args, part, count, rows, n, kw, d.shape[1], *d.stride(), x.stride(0), y.stride(0),

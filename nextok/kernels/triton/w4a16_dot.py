@@ -128,7 +128,7 @@ def _w4a16_dot_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                       IEEE: tl.constexpr, INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr,
                       LN: tl.constexpr, LW: tl.constexpr, JOIN: tl.constexpr = 0,
-                      SPLIT: tl.constexpr = 1, PAIRS: tl.constexpr = 0):
+                      SPLIT: tl.constexpr = 1, PAIRS: tl.constexpr = 0, GROUP_MAJOR: tl.constexpr = 0):
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),), as the dp4a kernel's (w4a16.py): a
     # program takes BLOCK_M rows of x, BLOCK_N rows of W and a SPLIT-th of K. x [M, 8 * KW]
     # unit-stride rows; words [N, KW]; d, m [N, G]; y [M, N]; part, count: split_k.py's. A tile:
@@ -163,8 +163,12 @@ def _w4a16_dot_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_
         hi = w >> 16
         grp = kw0 // WPG + g3  # [1, GT, 1]
         g_mask = n_ok3 & (grp < G)
-        d = tl.load(d_ptr + n3 * S_DN + grp * S_DG, mask=g_mask, other=0.0).to(tl.float32)  # [BLOCK_N, GT, 1]
-        mn = tl.load(m_ptr + n3 * S_DN + grp * S_DG, mask=g_mask, other=0.0).to(tl.float32)
+        # d, m [BLOCK_N, GT, 1]; in group order [BLOCK_N, GT, WPG], loaded in the words' shape:
+        # else Triton 3.6 (sm_90, groups of 32 or 64) gave the tile's dequantized operand an
+        # illegal shared-memory layout and failed to compile ("Illegal shared layout")
+        gptr = n3 * S_DN + grp * S_DG + (j3 * 0 if GROUP_MAJOR else 0)
+        d = tl.load(d_ptr + gptr, mask=g_mask, other=0.0).to(tl.float32)
+        mn = tl.load(m_ptr + gptr, mask=g_mask, other=0.0).to(tl.float32)
         dtype = tl.float32 if IEEE else x_ptr.dtype.element_ty
         if JOIN:
             if PAIRS:
