@@ -24,16 +24,14 @@ import functools
 import torch
 from torch import nn
 
-from nextok.quant.base import QuantMethod, bias_parameter, triton_gemv_rows
+from nextok.quant.base import QuantMethod, bias_parameter, scales_in_order, triton_gemv_rows
 
 Q8_0 = 8  # ggml's type id for Q8_0 blocks
 CHUNK = 1 << 24  # weights a group-scaled Int8Linear dequantizes at a time (64 MB of float32)
 # Group scales in group order (Int8Linear.set_scale_order): a tile of W then reads one run of its
-# rows' scales a group, not a short run a row. The W4A16 kernels took 0.48x the time so at one row
-# (groups of 32, H100, 2026-12-06-gguf-w8-h100.md), but here it is untimed and its sm_90 loop
-# counts are mixed (the one-row loop 289 -> 249 instructions, the tl.dot one 241 -> 304, at
-# groups of 32): off until benchmarks/gpu/gguf_probe.py, which times both orders, has run.
-GROUP_MAJOR = False
+# rows' scales a group, not a short run a row. w8a16_tiles.GROUP_TILES were swept in this order
+# (H100, 2026-12-07-gguf-h100.md); the tile before took 0.70-1.41x its row-order time in it.
+GROUP_MAJOR = True
 
 
 @functools.cache
@@ -86,11 +84,12 @@ class Int8Linear(nn.Module):
 
     def set_scale_order(self, group_major: bool) -> None:
         """Group scales (and mins) [out, groups] in row order (False) or group order (True: a
-        view of a [groups, out] tensor), which the kernel reads through their strides."""
+        view of a [groups, out] tensor, base.scales_in_order), which the kernel reads through
+        their strides."""
         for name in ("scale", "mins"):
             t = getattr(self, name)
             if t is not None:
-                setattr(self, name, t.t().contiguous().t() if group_major else t.contiguous())
+                setattr(self, name, scales_in_order(t, group_major))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and x.shape[0] <= _kernel_rows() and x.dtype in (torch.bfloat16, torch.float16):

@@ -30,11 +30,14 @@ DEFAULT_TILES = {
     "16": dict(DOT=1, BLOCK_M=16, BLOCK_N=64, BK=128, num_warps=4, num_stages=4),
     "64": dict(DOT=1, BLOCK_M=64, BLOCK_N=64, BK=128, num_warps=4, num_stages=3),
     "256": dict(DOT=1, BLOCK_M=128, BLOCK_N=64, BK=64, num_warps=8, num_stages=3)}
-# Group scales (GGUF Q8_0 / Q5_* / Q6_K) up to 16 rows: the tile that was best or within 10 % of
-# the best at 11 of 12 points of the H100's first sweep of them (2026-12-06-gguf-w8-h100.md),
-# one row on the CUDA cores; the per-channel table's tiles took up to 2.7x its time at 8 rows.
-GROUP_TILES = {c: dict(DOT=int(c != "1"), BLOCK_M=16, BLOCK_N=64, BK=64, num_warps=4, num_stages=4)
-               for c in ("1", "16")}
+# Group scales (GGUF Q8_0 / Q5_* / Q6_K) up to 16 rows, in group order (quant/int8.py
+# GROUP_MAJOR): tl.dot on tiles of 32 rows x 256 columns, one row too (padded to 16). In the
+# H100's second sweep (2026-12-07-gguf-h100.md; 8B gate_up and down, Q8_0 / Q5_K / Q6_K, 1 and 8
+# rows) it was the best at 5 of 12 points and within 1.04-1.33x elsewhere; against the tile
+# before (64 x 64, the CUDA-core loop at one row, scales in row order) one row took 0.58-0.83x
+# the time (gate_up Q8_0 71.8 us against 96.6 and bf16's 81.3; down Q6_K 49.5 against 85.8),
+# 8 rows 0.79-1.03x.
+GROUP_TILES = {c: dict(DOT=1, BLOCK_M=16, BLOCK_N=32, BK=256, num_warps=4, num_stages=3) for c in ("1", "16")}
 PROGRAMS = 256  # the grid an untuned shape's split of K aims at (an H100 has 132 SMs)
 _OVERRIDE: dict | None = None  # benchmarks/gpu/w8a16_probe.py sets tiles to sweep them
 
