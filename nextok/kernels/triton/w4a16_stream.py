@@ -140,40 +140,10 @@ def _stream_pipe_step(acc, it, more, T, total, P, pid, w_tile, wword, lane, x_ro
     acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, 1, BLOCK_N, GT, WPG, INTERPRET,
                          XRUN)
     if (kw0 + TW >= KW) | (not more):
-        _stream_flush_lanes(tl.sum(tl.sum(acc, axis=3), axis=2), r, r * BLOCK_N + lane, T, total, P, pid, b_ptr,
-                            y_ptr, part_ptr, count_ptr, N, HAS_BIAS)
+        _stream_flush(tl.sum(tl.sum(acc, axis=3), axis=2), r, r * BLOCK_N + lane, T, total, P, pid, b_ptr, y_ptr,
+                      part_ptr, count_ptr, N, HAS_BIAS, LANES=True)
         acc = tl.zeros_like(acc)
     return acc
-
-
-@triton.jit
-def _stream_flush_lanes(out, r, n, T, total, P, pid, b_ptr, y_ptr, part_ptr, count_ptr, N,
-                        HAS_BIAS: tl.constexpr):
-    # _stream_flush with a count per row of W (count [N] zeros) instead of one per tile: each
-    # lane's atomic (acq_rel) follows its own store of its sums, so no barrier is needed, and a
-    # barrier in a loop stops Triton's pipeline. For each row the program that counts last adds
-    # the row's sums in slot order and writes y.
-    first = ((r * T + 1) * P - 1) // total
-    last = (((r + 1) * T) * P - 1) // total
-    n_ok = (n < N)[None, :]
-    if first == last:  # one program holds the whole tile
-        if HAS_BIAS:
-            out += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + n[None, :], out.to(y_ptr.dtype.element_ty), mask=n_ok)
-    else:
-        tl.store(part_ptr + (pid - first) * N + n[None, :], out, mask=n_ok)
-        done = tl.atomic_add(count_ptr + n[None, :], tl.full(out.shape, 1, tl.int32), mask=n_ok, sem="acq_rel",
-                             scope="gpu")
-        mine = n_ok & (done == last - first)
-        out = tl.zeros_like(out)
-        k = 0
-        while k <= last - first:  # slot order: the same sum whoever finishes last
-            out += tl.load(part_ptr + k * N + n[None, :], mask=mine, other=0.0, cache_modifier=".cg")
-            k += 1
-        tl.store(count_ptr + n[None, :], tl.zeros_like(done), mask=mine)
-        if HAS_BIAS:
-            out += tl.load(b_ptr + n[None, :], mask=mine, other=0.0).to(tl.float32)
-        tl.store(y_ptr + n[None, :], out.to(y_ptr.dtype.element_ty), mask=mine)
 
 
 @triton.jit
@@ -195,10 +165,13 @@ def _stream_w(w_tile, wword, lane, r, kw0, more, N, KW, BLOCK_N: tl.constexpr, L
 
 @triton.jit
 def _stream_flush(out, r, n, T, total, P, pid, b_ptr, y_ptr, part_ptr, count_ptr, N,
-                  HAS_BIAS: tl.constexpr):
+                  HAS_BIAS: tl.constexpr, LANES: tl.constexpr = False):
     # out [1, BLOCK_N]: this program's sums for row tile r, whose K tiles are the steps
     # [r T, (r + 1) T). Program c runs the steps [c total / P, (c + 1) total / P), so the tile's
     # first and last programs are ((x + 1) P - 1) // total at x = r T and x = (r + 1) T - 1.
+    # LANES (PIPE): a count per row of W (count [N] zeros) instead of one per tile: each lane's
+    # atomic (acq_rel) follows its own store of its sums, so no barrier is needed (a barrier in
+    # a loop stops Triton's pipeline); for each row the program that counts last adds it up.
     first = ((r * T + 1) * P - 1) // total
     last = (((r + 1) * T) * P - 1) // total
     n_ok = (n < N)[None, :]
@@ -206,6 +179,20 @@ def _stream_flush(out, r, n, T, total, P, pid, b_ptr, y_ptr, part_ptr, count_ptr
         if HAS_BIAS:
             out += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
         tl.store(y_ptr + n[None, :], out.to(y_ptr.dtype.element_ty), mask=n_ok)
+    elif LANES:
+        tl.store(part_ptr + (pid - first) * N + n[None, :], out, mask=n_ok)
+        done = tl.atomic_add(count_ptr + n[None, :], tl.full(out.shape, 1, tl.int32), mask=n_ok, sem="acq_rel",
+                             scope="gpu")
+        mine = n_ok & (done == last - first)
+        out = tl.zeros_like(out)
+        k = 0
+        while k <= last - first:  # slot order: the same sum whoever finishes last
+            out += tl.load(part_ptr + k * N + n[None, :], mask=mine, other=0.0, cache_modifier=".cg")
+            k += 1
+        tl.store(count_ptr + n[None, :], tl.zeros_like(done), mask=mine)
+        if HAS_BIAS:
+            out += tl.load(b_ptr + n[None, :], mask=mine, other=0.0).to(tl.float32)
+        tl.store(y_ptr + n[None, :], out.to(y_ptr.dtype.element_ty), mask=mine)
     else:
         tl.store(part_ptr + (pid - first) * N + n[None, :], out, mask=n_ok)
         tl.debug_barrier()  # every lane's sums stored before the count says so
