@@ -197,7 +197,8 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     # instead of registers (DEPTH's tiles ahead cost registers, so programs an SM). Why: the
     # one-row kernel read ~2.7 TB/s at gate_up on both an H100 (3.35 TB/s) and an H200 (4.8):
     # the same time on a card with 1.4x the bandwidth, as if bound by the bytes each SM keeps in
-    # flight rather than by DRAM.
+    # flight rather than by DRAM. On an H100 it never won: 1.03-1.13x the best tile's time at
+    # each 8B shape, PIPE 5 slower than 3 (2026-12-07-gguf-h100.md); the H200's sweep decides there.
     if PIPE:
         for kw0 in tl.range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi, TW,
                             num_stages=PIPE):
