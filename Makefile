@@ -13,11 +13,15 @@ PINS      := tokenizers==0.23.3 gguf==0.19.0 safetensors==0.8.0 numpy==2.4.6 jin
              tqdm==4.70.1 psutil==7.2.2 pytest==9.2.0 transformers==5.17.0 accelerate==1.15.0 \
              fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 pydantic==2.14.4 \
              prometheus-client==0.26.0 openai==3.57.0 httpx==0.29.0 schemathesis==4.32.5 \
-             matplotlib==3.10.8 triton==3.6.0 \
+             matplotlib==3.10.8 triton==3.6.0 pytest-xdist==3.8.0 execnet==2.1.2 \
              pygls==2.1.1 lsprotocol==2025.0.0 cattrs==26.2.1 \
              playwright==1.65.3
 
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`, whole test files each: one per core, and one per 10 GiB
+# of memory at most (a worker holds a few engines, the reference model and a server).
+TEST_WORKERS ?= $(shell n=$$(nproc); m=$$(awk '/MemTotal/ {print int($$2 / 10485760)}' /proc/meminfo); \
+	[ "$$m" -lt "$$n" ] && n=$$m; [ "$$n" -lt 1 ] && n=1; echo $$n)
 
 .PHONY: venv model system-deps deploy-tools editors playground peer run test lint clean
 
@@ -119,7 +123,7 @@ run: venv model playground
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
 test: venv model system-deps deploy-tools editors playground
-	@rc=0; $(BIN)/python -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest ran no tests" >&2; exit 1; fi; exit $$rc
 
 lint: venv

@@ -13,6 +13,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist (`make test` runs one worker per core) each worker gets its share of the
+# cores: torch's default, a thread per core in every worker, oversubscribes them and its
+# OpenMP threads spin waiting for each other.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if WORKERS > 1:
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // WORKERS))
+
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
@@ -33,8 +40,9 @@ def tokenizer_path(request) -> str:
 _ENGINES: "collections.OrderedDict" = collections.OrderedDict()
 # Engines kept alive at once: each holds ~1 GB (float32 weights, blocks, a KV pool; a draft pool
 # more), and the suite asks for ~30 configurations; all of them together ran CI's 24 GiB out.
-# Tests come grouped by module, so the few most recent cover nearly every reuse.
-MAX_CACHED_ENGINES = 6
+# Tests come grouped by module, so the few most recent cover nearly every reuse. Each xdist
+# worker keeps its own.
+MAX_CACHED_ENGINES = 6 if WORKERS == 1 else 3
 
 
 @pytest.fixture(scope="session")
