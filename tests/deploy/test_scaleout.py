@@ -28,6 +28,7 @@ from tests.server.conftest import metric_value
 
 CHECK_INTER_S, CHECK_FALL = 1.0, 2  # deploy/haproxy/haproxy.cfg: default-server inter 1s fall 2
 MODEL = "m"
+STREAM_TOKENS = 128  # each of the long streams (_stream), one event a token
 REPLICA_ARGS = ["--dtype", "float32", "--kv-cache-memory", "64MiB", "--served-model-name", MODEL]
 
 
@@ -120,7 +121,7 @@ def test_session_affinity_raises_prefix_cache_hits(replicas, lb):
 async def _stream(c: httpx.AsyncClient, started: asyncio.Event, i: int, out: dict) -> dict:
     """One streamed completion, filling `out`: {"server", "events", "outcome": done | error | hang}."""
     out.update(server=None, events=0, outcome="hang")
-    body = {"model": MODEL, "prompt": f"# stream {i}\ndef main():", "max_tokens": 128,
+    body = {"model": MODEL, "prompt": f"# stream {i}\ndef main():", "max_tokens": STREAM_TOKENS,
             "ignore_eos": True, "stream": True}
 
     async def read():
@@ -184,8 +185,11 @@ def test_failover_kill_and_restart(replicas, lb, tmp_path):
             outs: list[dict] = [{} for _ in range(3)]
             streams = [asyncio.create_task(_stream(c, events[i], i, outs[i])) for i in range(3)]
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 30)
-            t0 = time.monotonic()  # bench serve's 3 streams too (it loads a tokenizer first)
-            while _frontend_connections(lb) < 10 and time.monotonic() - t0 < 10:
+            # bench serve's 3 streams too (it loads a tokenizer first), unless a stream is past
+            # half its tokens: the kill must find them all under way, however busy the cores are
+            t0 = time.monotonic()
+            while (_frontend_connections(lb) < 10 and time.monotonic() - t0 < 10
+                   and all(o["events"] < STREAM_TOKENS // 2 for o in outs)):
                 await asyncio.sleep(0.1)
             report["bench_running_at_kill"] = _frontend_connections(lb) >= 10
             report["plain_before_kill"] = len(plain)
