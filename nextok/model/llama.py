@@ -157,14 +157,14 @@ class LlamaForCausalLM(nn.Module):
         swapped = 0
         for module_name, parts in self._gguf_shards(blocks).items():
             want = self._num_shards(module_name)
+            if len(parts) != want:
+                continue  # a part in a type without a block kernel: stays dense
             dense = self.get_submodule(module_name) if module_name != "lm_head" else self.lm_head
             if dense is None:  # the tied lm_head where oneDNN packed no copy of it (bfloat16 on
                 # a CPU without AVX-512): a linear on the embedding's own weight, for big steps
                 weight = self.embed_tokens.weight
                 dense = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta", dtype=weight.dtype)
                 dense.weight = weight
-            if len(parts) != want:
-                continue  # a part in a type without a block kernel: stays dense
             # shards stacked in output rows; runs of one type (*_K_M files mix them: q, k Q4_K,
             # v Q6_K) become one part each
             runs: list[tuple[int, list[torch.Tensor]]] = []
