@@ -20,16 +20,20 @@ import time
 import torch
 
 # (decode rows, tokens of a chunk that continues a cached prefix, tokens of a fresh chunk).
-# Their totals (2, 3, 5, 8, 9, 12, 16, 17, 24, 32, 40, 48, 80, 92, 144, 156) cover 1..8-row
+# Their totals (2, 3, 5, 8, 9, 12, 16, 17, 24, 32, 40, 48, 80, 92, 144, 156, 272) cover 1..8-row
 # kernels, the tl.dot W4A16 row classes (9-16, 17-32, 33-64, 65-128, 129-256 rows; W8A16's are
 # 1, 2-16, 17-64 and 65-256) in each integer class of the token count (a multiple of 16 or not:
 # Triton compiles each apart), and the larger paths (1 is a decode step: CUDA graphs, or the
 # first of these on an engine without them). 40 was added when W4A16 took 17-64 rows to tl.dot:
 # the first int4 batch-32 prefill of each fresh H100 process then took 0.6-2.6 s, later ones
-# 0.17-0.35 s, the size of a compile (2026-12-06-rows-pairs-h100.md).
+# 0.17-0.35 s, the size of a compile (2026-12-06-rows-pairs-h100.md). 272 is past every
+# kernel's most rows (w4a16.MAX_ROWS, quant_linear.MAX_ROWS: 256): W4A16's prefill path, which
+# dequantizes each weight in a Triton pass (int4_words.dequantize) for cuBLAS. Without it an
+# int4 engine's first step of over 256 tokens compiled it: an 8B's first 8 x 128-token prefill
+# took 793 ms against 44 ms the next time (H200, 2026-12-07-quant-h200.md).
 STEPS = ((2, 0, 0), (1, 2, 0), (1, 2, 2), (2, 3, 3), (1, 4, 4), (2, 5, 5), (2, 7, 7), (3, 7, 7),
          (2, 11, 11), (4, 14, 14), (4, 18, 18), (4, 22, 22), (4, 38, 38), (4, 44, 44), (4, 70, 70),
-         (4, 76, 76))
+         (4, 76, 76), (4, 134, 134))
 PREFIX = 16  # cached tokens before a continuing chunk, a whole block and more
 LOGIT_ROWS = 17  # the lm_head GEMV's 1..8 rows, and the first sizes past it
 

@@ -62,6 +62,12 @@ def test_warm_up_steps_cover_each_row_class_in_both_integer_classes():
         assert any(t % 16 == 0 for t in got) and any(t % 16 for t in got), (cls, sorted(got))
         lo = hi + 1
     assert {t for t in totals if t <= 8} >= {2, 3, 5, 8}
+    # and a step past every kernel's most rows: W4A16's prefill path (int4_words.dequantize)
+    from nextok.kernels.triton import quant_linear, w4a16
+
+    assert max(totals) > max(w4a16.MAX_ROWS, quant_linear.MAX_ROWS)
+    # within a 256-token context (the tiny test models')
+    assert max(t for t in (d + c + f for d, c, f in steps_for(8192, 256))) > w4a16.MAX_ROWS
 
 
 def _serve(llm) -> None:
@@ -119,17 +125,24 @@ def _compiled() -> dict[str, int]:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="counts the GPU compiler's kernels")
-@pytest.mark.parametrize("kv_cache_dtype,quantization", [("auto", None), ("fp8", None), ("auto", "int4")])
-def test_serving_compiles_nothing_after_start_on_cuda(tokenizer_path, tmp_path, kv_cache_dtype, quantization):
+@pytest.mark.parametrize("kv_cache_dtype,quantization,budget", [
+    ("auto", None, 24), ("fp8", None, 24), ("auto", "int4", 64), ("auto", "int4", 512)])
+def test_serving_compiles_nothing_after_start_on_cuda(tokenizer_path, tmp_path, kv_cache_dtype,
+                                                      quantization, budget):
     """On CUDA the engine warms up by itself (ModelRunner.allocate_kv_cache): serving then adds
     no compiled kernel, the fused ops' and the linears' included. int4 (groups of 32), in steps
-    of up to 64 tokens: W4A16's dp4a kernel and each of its tl.dot row classes."""
+    of up to 64 tokens: W4A16's dp4a kernel and each of its tl.dot row classes; in a 512-token
+    budget, a step of 300 prompt tokens too: past the kernels' rows, the dequantize pass."""
     if kv_cache_dtype == "fp8" and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 caches take the Triton kernels from compute capability 8.9")
-    extra = dict(quantization="int4", quant_group_size=32, max_num_batched_tokens=64) if quantization else {}
-    llm = _engine(tokenizer_path, tmp_path, kv_cache_dtype, "cuda", **extra)
+    extra = dict(quantization="int4", quant_group_size=32) if quantization else {}
+    llm = _engine(tokenizer_path, tmp_path, kv_cache_dtype, "cuda", max_num_batched_tokens=budget, **extra)
     before = _compiled()
     _serve(llm)
+    if budget > 300:
+        gen = torch.Generator().manual_seed(4)
+        llm.generate([torch.randint(100, 40000, (150,), generator=gen).tolist() for _ in range(2)],
+                     SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
     after = _compiled()
     grew = {k: (before.get(k, 0), v) for k, v in after.items() if v != before.get(k, 0)}
     assert not grew, f"compiled while serving (kernel: before, after): {grew}"
