@@ -21,6 +21,29 @@ if WORKERS > 1:
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // WORKERS))
 
 
+# NEXTOK_TEST_RSS_LOG=FILE: a line per test, "worker rss_mib peak_mib seconds nodeid", after it
+# (and its function fixtures) ended: which tests hold a worker's memory (CI has 24 GiB).
+_RSS_LOG = os.environ.get("NEXTOK_TEST_RSS_LOG")
+
+
+if _RSS_LOG:
+    import resource
+    import time
+
+    _PAGE = os.sysconf("SC_PAGE_SIZE")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        start = time.monotonic()
+        yield
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * _PAGE >> 20
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10  # KiB on Linux
+        with open(_RSS_LOG, "a") as f:
+            f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {rss} {peak} "
+                    f"{time.monotonic() - start:.1f} {item.nodeid}\n")
+
+
 @pytest.fixture(scope="session")
 def model_path() -> str:
     """Path of the default model (SmolLM2-135M-Instruct GGUF), pulled into the cache if absent."""
