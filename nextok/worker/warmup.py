@@ -11,7 +11,7 @@ had left in Triton's disk cache (2026-12-05); a user's request would have waited
 The kernels take what changes from step to step (split counts, block-table widths) as values
 Triton does not specialize on (kernels/triton/attention.py), so what is left to compile is a
 handful of shapes: `warm_up` runs eager steps of a few sizes and mixes through the model, on
-block 0 of the pool (reserved: no sequence owns it), then the lm_head on 1..LOGIT_ROWS rows.
+block 0 of the pool (reserved: no sequence owns it), then the lm_head on logit_rows() rows.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ STEPS = ((2, 0, 0), (1, 2, 0), (1, 2, 2), (2, 3, 3), (1, 4, 4), (2, 5, 5), (2, 7
          (4, 76, 76), (4, 134, 134))
 PREFIX = 16  # cached tokens before a continuing chunk, a whole block and more
 LOGIT_ROWS = 17  # the lm_head GEMV's 1..8 rows, and the first sizes past it
+LOGIT_MAX_ROWS = 256  # past it a quantized lm_head dequantizes (a 1 GB bf16 copy for an 8B's)
 
 
 def steps_for(max_batched_tokens: int, max_model_len: int) -> list[tuple[int, int, int]]:
@@ -43,6 +44,17 @@ def steps_for(max_batched_tokens: int, max_model_len: int) -> list[tuple[int, in
     single decode row."""
     return [(d, c, f) for d, c, f in ((1, 0, 0),) + STEPS
             if d + c + f <= max_batched_tokens and PREFIX + 3 * d + c <= max_model_len]
+
+
+def logit_rows(max_batched_tokens: int, max_num_seqs: int, spec_tokens: int) -> list[int]:
+    """Row counts the lm_head is warmed at: 1..LOGIT_ROWS and STEPS' totals, up to the most rows
+    a step can sample (a row a sequence; 1 + spec_tokens with speculation). The lm_head runs
+    eagerly after a decode step's graph, on the step's rows; a quantized one (--quantize-lm-head)
+    launches the W4A16 / W8A16 kernels at its own shape, which compile per row class and integer
+    class as the layers' do: without these, a batch of 18 or more sequences compiled there."""
+    most = min(max_batched_tokens, max_num_seqs * (1 + spec_tokens), LOGIT_MAX_ROWS)
+    return sorted(r for r in {*range(1, LOGIT_ROWS + 1), *(d + c + f for d, c, f in STEPS)}
+                  if r <= most)
 
 
 @torch.inference_mode()
@@ -63,8 +75,11 @@ def warm_up(runner) -> float:
         ids, positions, meta, last_rows = runner.chunk_inputs(chunks)
         hidden = runner.model(ids, positions, runner.kv_caches, meta)
         runner.model.compute_logits(hidden.index_select(0, ids.new_tensor(last_rows)))
-    hidden = torch.zeros(LOGIT_ROWS, cfg.model.hidden_size, dtype=runner.dtype, device=runner.device)
-    for rows in range(1, LOGIT_ROWS + 1):  # the sampling rows of a step: the lm_head's own tiles
+    spec = cfg.speculative
+    rows_list = logit_rows(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs,
+                           spec.num_speculative_tokens if spec.method else 0)
+    hidden = torch.zeros(rows_list[-1], cfg.model.hidden_size, dtype=runner.dtype, device=runner.device)
+    for rows in rows_list:  # the sampling rows of a step: the lm_head's own tiles
         runner.model.compute_logits(hidden[:rows])
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)

@@ -70,6 +70,25 @@ def test_warm_up_steps_cover_each_row_class_in_both_integer_classes():
     assert max(t for t in (d + c + f for d, c, f in steps_for(8192, 256))) > w4a16.MAX_ROWS
 
 
+def test_the_lm_head_is_warmed_at_each_row_class_a_step_can_sample():
+    """A quantized lm_head runs the W4A16 / W8A16 kernels at the rows a step samples (one a
+    sequence, 1 + k with speculation): each row class in both integer classes, as far as the
+    engine's max_num_seqs (and budget) reach, and no further than the kernels' rows."""
+    from nextok.kernels.triton.w4a16_tiles import DOT_CLASSES
+    from nextok.worker.warmup import logit_rows
+
+    rows = set(logit_rows(2048, 256, 0))
+    assert set(range(1, 18)) <= rows and max(rows) <= 256
+    lo = 9
+    for cls in DOT_CLASSES:
+        got = {r for r in rows if lo <= r <= int(cls)}
+        assert any(r % 16 == 0 for r in got) and any(r % 16 for r in got), (cls, sorted(got))
+        lo = int(cls) + 1
+    assert logit_rows(2048, 4, 0) == [1, 2, 3, 4]
+    assert max(logit_rows(2048, 4, 4)) == 17 and 20 not in logit_rows(2048, 4, 4)
+    assert max(logit_rows(24, 256, 0)) == 24
+
+
 def _serve(llm) -> None:
     """Prompts of 1..41 tokens in a 24-token budget: decode batches of 1..6 rows, chunks that
     continue a prefix next to decode rows, and a prefix-cache hit."""
@@ -126,23 +145,30 @@ def _compiled() -> dict[str, int]:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="counts the GPU compiler's kernels")
 @pytest.mark.parametrize("kv_cache_dtype,quantization,budget", [
-    ("auto", None, 24), ("fp8", None, 24), ("auto", "int4", 64), ("auto", "int4", 512)])
+    ("auto", None, 24), ("fp8", None, 24), ("auto", "int4", 64), ("auto", "int4", 512),
+    ("auto", "int4-lm-head", 64)])
 def test_serving_compiles_nothing_after_start_on_cuda(tokenizer_path, tmp_path, kv_cache_dtype,
                                                       quantization, budget):
     """On CUDA the engine warms up by itself (ModelRunner.allocate_kv_cache): serving then adds
     no compiled kernel, the fused ops' and the linears' included. int4 (groups of 32), in steps
     of up to 64 tokens: W4A16's dp4a kernel and each of its tl.dot row classes; in a 512-token
-    budget, a step of 300 prompt tokens too: past the kernels' rows, the dequantize pass."""
+    budget, a step of 300 prompt tokens too: past the kernels' rows, the dequantize pass; with
+    an int4 lm_head, decode steps of 40 sequences: the lm_head's kernel at 40 rows."""
     if kv_cache_dtype == "fp8" and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 caches take the Triton kernels from compute capability 8.9")
     extra = dict(quantization="int4", quant_group_size=32) if quantization else {}
+    if quantization == "int4-lm-head":
+        extra["quantize_lm_head"] = True
     llm = _engine(tokenizer_path, tmp_path, kv_cache_dtype, "cuda", max_num_batched_tokens=budget, **extra)
     before = _compiled()
     _serve(llm)
+    gen = torch.Generator().manual_seed(4)
     if budget > 300:
-        gen = torch.Generator().manual_seed(4)
         llm.generate([torch.randint(100, 40000, (150,), generator=gen).tolist() for _ in range(2)],
                      SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    if quantization == "int4-lm-head":
+        llm.generate([torch.randint(100, 40000, (1,), generator=gen).tolist() for _ in range(40)],
+                     SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     after = _compiled()
     grew = {k: (before.get(k, 0), v) for k, v in after.items() if v != before.get(k, 0)}
     assert not grew, f"compiled while serving (kernel: before, after): {grew}"
