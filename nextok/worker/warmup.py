@@ -51,7 +51,8 @@ def logit_rows(max_batched_tokens: int, max_num_seqs: int, spec_tokens: int) -> 
     a step can sample (a row a sequence; 1 + spec_tokens with speculation). The lm_head runs
     eagerly after a decode step's graph, on the step's rows; a quantized one (--quantize-lm-head)
     launches the W4A16 / W8A16 kernels at its own shape, which compile per row class and integer
-    class as the layers' do: without these, a batch of 18 or more sequences compiled there."""
+    class as the layers' do: without these, a batch of 18 or more sequences could compile one
+    there (where the lm_head's tile is not a layer's)."""
     most = min(max_batched_tokens, max_num_seqs * (1 + spec_tokens), LOGIT_MAX_ROWS)
     return sorted(r for r in {*range(1, LOGIT_ROWS + 1), *(d + c + f for d, c, f in STEPS)}
                   if r <= most)

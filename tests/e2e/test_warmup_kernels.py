@@ -47,43 +47,43 @@ class Recorder:
         monkeypatch.setattr(InterpretedFunction, "run", run)
 
 
+def _assert_each_dot_class_in_both_integer_classes(counts: set[int]) -> None:
+    """counts reach each of W4A16's tl.dot row classes (9-16, 17-32, ..., 129-256) with a count
+    that is a multiple of 16 and one that is not: Triton compiles each apart."""
+    from nextok.kernels.triton.w4a16_tiles import DOT_CLASSES
+
+    lo = 9
+    for cls in DOT_CLASSES:
+        got = {t for t in counts if lo <= t <= int(cls)}
+        assert any(t % 16 == 0 for t in got) and any(t % 16 for t in got), (cls, sorted(got))
+        lo = int(cls) + 1
+
+
 def test_warm_up_steps_cover_each_row_class_in_both_integer_classes():
     """The warm-up's step totals, on an engine of ordinary budgets, reach each kernel row class
     (1-8 rows, W4A16's tl.dot 9-16, 17-32, ..., 129-256) with a token count that is a multiple of 16
     and one that is not, where the class holds both: Triton compiles each apart."""
-    from nextok.kernels.triton.w4a16_tiles import DOT_CLASSES
+    from nextok.kernels.triton import quant_linear, w4a16
     from nextok.worker.warmup import steps_for
 
-    totals = {d + c + f for d, c, f in steps_for(8192, 4096)}
-    lo = 9
-    for cls in DOT_CLASSES:
-        hi = int(cls)
-        got = {t for t in totals if lo <= t <= hi}
-        assert any(t % 16 == 0 for t in got) and any(t % 16 for t in got), (cls, sorted(got))
-        lo = hi + 1
+    totals = set(map(sum, steps_for(8192, 4096)))
+    _assert_each_dot_class_in_both_integer_classes(totals)
     assert {t for t in totals if t <= 8} >= {2, 3, 5, 8}
     # and a step past every kernel's most rows: W4A16's prefill path (int4_words.dequantize)
-    from nextok.kernels.triton import quant_linear, w4a16
-
     assert max(totals) > max(w4a16.MAX_ROWS, quant_linear.MAX_ROWS)
-    # within a 256-token context (the tiny test models')
-    assert max(t for t in (d + c + f for d, c, f in steps_for(8192, 256))) > w4a16.MAX_ROWS
+    # also within a 256-token context (the tiny test models')
+    assert max(map(sum, steps_for(8192, 256))) > w4a16.MAX_ROWS
 
 
 def test_the_lm_head_is_warmed_at_each_row_class_a_step_can_sample():
     """A quantized lm_head runs the W4A16 / W8A16 kernels at the rows a step samples (one a
     sequence, 1 + k with speculation): each row class in both integer classes, as far as the
     engine's max_num_seqs (and budget) reach, and no further than the kernels' rows."""
-    from nextok.kernels.triton.w4a16_tiles import DOT_CLASSES
     from nextok.worker.warmup import logit_rows
 
     rows = set(logit_rows(2048, 256, 0))
     assert set(range(1, 18)) <= rows and max(rows) <= 256
-    lo = 9
-    for cls in DOT_CLASSES:
-        got = {r for r in rows if lo <= r <= int(cls)}
-        assert any(r % 16 == 0 for r in got) and any(r % 16 for r in got), (cls, sorted(got))
-        lo = int(cls) + 1
+    _assert_each_dot_class_in_both_integer_classes(rows)
     assert logit_rows(2048, 4, 0) == [1, 2, 3, 4]
     assert max(logit_rows(2048, 4, 4)) == 17 and 20 not in logit_rows(2048, 4, 4)
     assert max(logit_rows(24, 256, 0)) == 24
