@@ -69,6 +69,11 @@ if os.environ.get("PROBE_STREAM", "1") != "0":
     if os.environ.get("PROBE_PIPE", "1") != "0":  # the stream's loads pipelined by Triton too
         DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=4, num_stages=3, SPLIT=1, BLOCK_M=1, STREAM=per_sm * SMS,
                       PIPE=3) for bn, per_sm in itertools.product((64, 128), (2, 3, 4))]
+    if os.environ.get("PROBE_TMA", "1") != "0":  # W's words copied by the tensor memory accelerator
+        # (w4a16_stream.py _stream_w_tma): PIPE - 1 steps in flight for shared memory alone
+        DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=4, num_stages=3, SPLIT=1, BLOCK_M=1, STREAM=per_sm * SMS,
+                      PIPE=pipe, TMA=1, XRUN=1)
+                 for bn, per_sm, pipe in itertools.product((64, 128), (1, 2, 3, 4), (3, 4, 5))]
 # XRUN: x's fixed point per run of 4 words, whose products add up in dp4a's accumulator (w4a16.py);
 # one row: beside the stream's, at the split-K tiles that won on either card
 DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=4, num_stages=3, SPLIT=sp, BLOCK_M=1, DEPTH=1, XAHEAD=1, XRUN=1)

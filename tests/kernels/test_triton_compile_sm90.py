@@ -33,7 +33,8 @@ MODULES = {"attention": attention, "attention_prefill": attention_prefill, "fp8_
 def build(fn, types, const):
     sig = {n: ("constexpr" if n in const else types.get(n, "i32")) for n in fn.arg_names}
     # every pointer and integer 16-aligned, as the launcher marks them on real tensors
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n] not in ("constexpr", "fp32")}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n] not in ("constexpr", "fp32") and not sig[n].startswith("tensordesc")}
     return compile(ASTSource(fn, sig, const, attrs=attrs), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 out = {}
@@ -44,7 +45,8 @@ for name, fn, types, const in json.loads(sys.argv[1]):
         out[name] = {"ok": True, "dp4a": "dp4a.u32.s32" in ptx and "dp4a.u32.u32" in ptx, "local": ".local" in ptx,
                      "load_before_wait": first("ld.global") < first("griddepcontrol.wait"),
                      "v4_loads": "ld.global.v4" in ptx, "cp_async_16": re.search(r"cp\.async\.cg\.shared\.global[^;]*, 0x10", ptx) is not None,
-                     "f16_to_f32": "cvt.f32.f16" in ptx, "e4m3x2": "cvt.rn.f16x2.e4m3x2" in ptx}
+                     "f16_to_f32": "cvt.f32.f16" in ptx, "e4m3x2": "cvt.rn.f16x2.e4m3x2" in ptx,
+                     "tma_copies": len(re.findall(r"cp\.async\.bulk\.tensor", ptx))}
     except Exception as e:
         out[name] = {"ok": False, "error": str(e)[-2000:]}
 print(json.dumps(out))
@@ -180,7 +182,14 @@ def _specs() -> list:
         specs.append((f"w4a16 dp4a stream silu_mul={silu}{' xrun' if xrun else ''}{f' pipe={pipe}' if pipe else ''}",
                       ("w4a16_stream", "_w4a16_stream_kernel"), w4,
                       dict(WPG=16, GT=2, HAS_BIAS=True, SILU_MUL=silu, BLOCK_N=128, PDL=True,
-                           INTERPRET=False, LN=64, LW=16, XRUN=xrun, PIPE=pipe)))
+                           INTERPRET=False, LN=64, LW=16, XRUN=xrun, PIPE=pipe, TMA=0)))
+    # TMA: W's words copied by the tensor memory accelerator, in word tiles and row-major
+    for silu, xrun, pipe, ln in ((False, 1, 3, 64), (True, 1, 4, 64), (False, 0, 3, 0)):
+        desc = "tensordesc<i32[2, 8, 256]>" if ln else "tensordesc<i32[128, 32]>"
+        specs.append((f"w4a16 dp4a stream silu_mul={silu}{' xrun' if xrun else ''} pipe={pipe} tma tiles={ln}",
+                      ("w4a16_stream", "_w4a16_stream_kernel"), dict(w4, w_desc=desc),
+                      dict(WPG=16, GT=2, HAS_BIAS=True, SILU_MUL=silu, BLOCK_N=128, PDL=True,
+                           INTERPRET=False, LN=ln, LW=16 if ln else 1, XRUN=xrun, PIPE=pipe, TMA=1)))
     return specs
 
 
@@ -200,7 +209,11 @@ def test_compiles_for_sm90(built, name):
     assert not result["local"], "spills to local memory"
     if name.startswith("w4a16 dp4a"):
         assert result["dp4a"], "the dp4a instructions are gone from the PTX"
-        if "pipe=" in name:
+        if " tma" in name:
+            # every step's words in one bulk tensor copy, PIPE - 1 steps ahead: the pipeline
+            # kept them (the copies in its prologue and its loop: more than one in the PTX)
+            assert result["tma_copies"] >= 2, "W's words are not copied by the tensor memory accelerator"
+        elif "pipe=" in name:
             # Triton's pipeline took the loads: 16-byte asynchronous copies into shared memory
             # (a loop without its own num_stages, or loads it cannot take, stay synchronous)
             assert result["cp_async_16"], "the loop's loads are not 16-byte cp.async copies"

@@ -208,6 +208,9 @@ def test_committed_tile_tables_are_well_formed():
                     # the stream kernel takes no register cap: a table naming one for it would not
                     # say what ran (the H100's stream tiles were timed without one)
                     assert not (tile.get("STREAM") and "maxnreg" in tile), (path, shape)
+                    # TMA: the stream's PIPE loop only
+                    assert tile.get("TMA", 0) in (0, 1), (path, shape)
+                    assert not tile.get("TMA") or (tile.get("STREAM") and tile.get("PIPE")), (path, shape)
 
 
 def test_register_caps_reach_split_k_tiles_only():
@@ -334,14 +337,15 @@ def test_group_order_scales_pad_the_stride_between_groups():
     assert r.is_contiguous() and torch.equal(r, t)
 
 
-@pytest.mark.parametrize("pipe", [0, 3])
+@pytest.mark.parametrize("pipe,tma", [(0, 0), (3, 0), (3, 1)])
 @pytest.mark.parametrize("programs", [1, 3, 7, 40])
-def test_w4a16_stream_gives_the_split_grids_products(monkeypatch, programs, pipe):
+def test_w4a16_stream_gives_the_split_grids_products(monkeypatch, programs, pipe, tma):
     """One row as a stream (STREAM programs, each a run of (row tile, K tile) steps; runs that
     end inside a row tile leave partial sums the tile's last program adds in run order): the
     split grid's products, on tiled and row-major words, with bias and with silu(gate) * up.
     One program adds every tile in K order as one split does: bit for bit. PIPE (each step's
-    loads in its own turn, for Triton's pipeline) too."""
+    loads in its own turn, for Triton's pipeline) too, and TMA (W's words through a tensor
+    descriptor: the row tiles past N, here N = 40 in tiles of 16, read as zeros)."""
     from nextok.kernels.triton import w4a16_stream, w4a16_tiles
 
     n, k, group = SHAPES[0]
@@ -359,7 +363,7 @@ def test_w4a16_stream_gives_the_split_grids_products(monkeypatch, programs, pipe
     streams, original = [], w4a16_stream.stream
     monkeypatch.setattr(w4a16_stream, "stream", lambda *a: (streams.append(1), original(*a))[1])
     monkeypatch.setattr(w4a16_tiles, "config",
-                        lambda *a: (lambda dot, cfg: (dot, dict(cfg, STREAM=programs, PIPE=pipe)))(*split_one(*a)))
+                        lambda *a: (lambda dot, cfg: (dot, dict(cfg, STREAM=programs, PIPE=pipe, TMA=tma)))(*split_one(*a)))
     got = [w4a16(x, words, d, m, b), w4a16(x, tiled, d, m, None, layout=TILES),
            w4a16(gate_up, tiled, d, m, b, silu_mul=True, layout=TILES)]
     assert len(streams) == 3
@@ -516,7 +520,7 @@ def test_w8a16_groups(dtype, group, mins, rows, monkeypatch):
     args = (q.to(DEVICE), d.to(DEVICE), b, None if m is None else m.to(DEVICE))
     _close(w8a16(x, *args), want)
     layer = Int8Linear(q, d, b.cpu(), m).to(DEVICE)
-    assert layer.group == group and torch.equal(layer.dequantize(), dq)
+    assert layer.group == group and torch.equal(layer.dequantize().cpu(), dq)  # dq: on the CPU
     _close(layer(x), want)  # on CUDA the kernel (up to kernel_rows()); on CPU the dense path
     got = w8a16(x, layer.qweight, layer.scale, b, layer.mins)
     for group_major in (True, False):  # group order, and back: the same products
@@ -524,7 +528,7 @@ def test_w8a16_groups(dtype, group, mins, rows, monkeypatch):
         assert layer.scale.stride() == ((1, _padded(n)) if group_major else (k // group, 1))
         assert (layer.mins is None or layer.mins.stride() == layer.scale.stride())
         assert torch.equal(w8a16(x, layer.qweight, layer.scale, b, layer.mins), got)
-        assert torch.equal(layer.dequantize(), dq)
+        assert torch.equal(layer.dequantize().cpu(), dq)
     if CUDA:  # past kernel_rows(): the dense path
         monkeypatch.setattr("nextok.quant.int8._kernel_rows", lambda: 0)
         _close(layer(x), want)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nextok.kernels.triton.int4_words import _tile_ptrs, _tile_step, layout_args
 from nextok.kernels.triton.pdl import pdl_wait
@@ -24,11 +25,11 @@ from nextok.kernels.triton.w4a16 import INTERPRETED, _scales, _scratch, _x_tile
 
 
 @triton.jit
-def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
+def _w4a16_stream_kernel(x_ptr, w_ptr, w_desc, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
                          N, KW, G, S_DN, S_DG, WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
                          SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                          INTERPRET: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr,
-                         XRUN: tl.constexpr = 0, PIPE: tl.constexpr = 0):
+                         XRUN: tl.constexpr = 0, PIPE: tl.constexpr = 0, TMA: tl.constexpr = 0):
     # One row of x, as a stream: the steps (row tile r of BLOCK_N rows of W, K tile of TW
     # words), row tile by row tile and K in order within one, are cut into num_programs equal
     # runs, one a program. A program streams its run with the next step's words in flight and
@@ -37,7 +38,8 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, cou
     # SMs idle. Where a run ends inside a row tile, its programs leave float32 sums in part
     # [slot, N] (slot: the program's place among the tile's, in run order) and the tile's last
     # to finish adds them in slot order and writes y. x [1, 8 KW] (SILU_MUL: [1, 16 KW]);
-    # words [N, KW]; d, m [N, G]; y [1, N]; count [cdiv(N, BLOCK_N)] zeros.
+    # words [N, KW]; d, m [N, G]; y [1, N]; count [cdiv(N, BLOCK_N)] zeros. TMA (with PIPE and
+    # word tiles): W's words through w_desc (stream() makes it), else w_desc is None.
     TW: tl.constexpr = GT * WPG
     T = tl.cdiv(KW, TW)  # K tiles a row tile
     total = tl.cdiv(N, BLOCK_N) * T
@@ -56,15 +58,17 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, cou
         if INTERPRET:
             it = it_lo
             while it < it_hi:
-                acc = _stream_pipe_step(acc, it, it + 1 < it_hi, T, total, P, pid, w_tile, wword, lane, x_rows,
-                                        xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G,
-                                        S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN)
+                acc = _stream_pipe_step(acc, it, it + 1 < it_hi, T, total, P, pid, w_tile, w_desc, wword, lane,
+                                        x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N,
+                                        KW, G, S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, LW,
+                                        XRUN, TMA)
                 it += 1
         else:
             for it in tl.range(it_lo, it_hi, num_stages=PIPE):
-                acc = _stream_pipe_step(acc, it, it + 1 < it_hi, T, total, P, pid, w_tile, wword, lane, x_rows,
-                                        xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G,
-                                        S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN)
+                acc = _stream_pipe_step(acc, it, it + 1 < it_hi, T, total, P, pid, w_tile, w_desc, wword, lane,
+                                        x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N,
+                                        KW, G, S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, LW,
+                                        XRUN, TMA)
     else:
         # the step as (row tile, first word), carried from step to step: no division in the loop
         r = it_lo // T
@@ -123,10 +127,11 @@ def _stream_step(acc, w_next, sc_next, x_next, r, kw0, more, T, total, P, pid, w
 
 
 @triton.jit
-def _stream_pipe_step(acc, it, more, T, total, P, pid, w_tile, wword, lane, x_rows, xword, x_ptr, d_ptr, m_ptr,
-                      b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G, S_DN, S_DG, WPG: tl.constexpr,
+def _stream_pipe_step(acc, it, more, T, total, P, pid, w_tile, w_desc, wword, lane, x_rows, xword, x_ptr, d_ptr,
+                      m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G, S_DN, S_DG, WPG: tl.constexpr,
                       GT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr,
-                      INTERPRET: tl.constexpr, LN: tl.constexpr, XRUN: tl.constexpr):
+                      INTERPRET: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr, XRUN: tl.constexpr,
+                      TMA: tl.constexpr):
     # PIPE's step `it`: (row tile r, word kw0) from it itself, not carried, so that the
     # pipeline can compute a later step's addresses ahead (a division a step: ~20 instructions
     # against a tile's ~500); its loads, its products, and the sums out at the row tile's
@@ -134,7 +139,10 @@ def _stream_pipe_step(acc, it, more, T, total, P, pid, w_tile, wword, lane, x_ro
     TW: tl.constexpr = GT * WPG
     r = it // T
     kw0 = (it - r * T) * TW
-    w = _stream_w(w_tile, wword, lane, r, kw0, True, N, KW, BLOCK_N, LN)
+    if TMA:
+        w = _stream_w_tma(w_desc, r, kw0, BLOCK_N, GT, WPG, LN, LW)
+    else:
+        w = _stream_w(w_tile, wword, lane, r, kw0, True, N, KW, BLOCK_N, LN)
     d, mn = _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, S_DN, S_DG, BLOCK_N, WPG, GT)
     x, up = _x_tile(x_rows, kw0 + xword, True, 0, KW, KW, SILU_MUL)
     acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, 1, BLOCK_N, GT, WPG, INTERPRET,
@@ -161,6 +169,28 @@ def _stream_w(w_tile, wword, lane, r, kw0, more, N, KW, BLOCK_N: tl.constexpr, L
     n_ok = (lane < N - r * BLOCK_N)[None, :, None, None] & more
     return tl.load(w_tile + r * BLOCK_N * KW + _tile_step(kw0, LN),
                    mask=n_ok & (kw0 + wword < KW), other=0)
+
+
+@triton.jit
+def _stream_w_tma(w_desc, r, kw0, BLOCK_N: tl.constexpr, GT: tl.constexpr, WPG: tl.constexpr, LN: tl.constexpr,
+                  LW: tl.constexpr):
+    # W's words at (row tile r, word kw0), [1, BLOCK_N, GT, WPG], copied by the tensor memory
+    # accelerator into shared memory (zeros past N and K): one thread issues a step's whole
+    # copy, with no address or register a word, so PIPE - 1 steps in flight cost only shared
+    # memory. Row-major words: blocks [BLOCK_N, TW] of [N, KW]. In word tiles (int4_words) a
+    # step's words are BLOCK_N / LN runs of TW LN contiguous words, one a tile row: w_desc
+    # views the words as [N / LN, KW LN / C, C] with C = min(LW LN, 256) (a copy's box is at
+    # most 256 a dimension; KW a multiple of LW) and takes blocks [BLOCK_N / LN, TW LN / C, C] (_descriptor).
+    TW: tl.constexpr = GT * WPG
+    if LN == 0:
+        w = tl.reshape(w_desc.load([r * BLOCK_N, kw0]), [1, BLOCK_N, GT, WPG])
+    else:
+        A: tl.constexpr = BLOCK_N // LN
+        C: tl.constexpr = LW * LN if LW * LN < 256 else 256
+        w = w_desc.load([r * A, kw0 * LN // C, 0])  # [A, TW LN / C, C]
+        w = tl.permute(tl.reshape(w, [A, TW // LW, LN, LW]), [0, 2, 1, 3])  # [A, LN, TW / LW, LW]
+        w = tl.reshape(w, [1, BLOCK_N, GT, WPG])
+    return w
 
 
 @triton.jit
@@ -224,9 +254,27 @@ def stream(x, words, d, m, bias, y, silu_mul: bool, layout, use_pdl: bool, cfg: 
     programs = min(cfg["STREAM"], total)
     slots = triton.cdiv(triton.cdiv(kw, gt * wpg), total // programs) + 1  # programs a tile at most
     part, count = _scratch(x.device, slots * n, n if cfg.get("PIPE") else tiles)  # PIPE: a count a row
+    tma = cfg.get("TMA", 0)
+    if tma and not cfg.get("PIPE"):
+        raise ValueError("TMA's copies are issued by Triton's pipeline: a stream tile with TMA takes PIPE")
     _w4a16_stream_kernel[(programs,)](
-        x, words, d, m, bias if bias is not None else d, y, part, count, n, kw, d.shape[1], *d.stride(),
+        x, words, _descriptor(words, block_n, gt * wpg, lay) if tma else None, d, m,
+        bias if bias is not None else d, y, part, count, n, kw, d.shape[1], *d.stride(),
         WPG=wpg, GT=gt, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, PDL=use_pdl,
-        XRUN=cfg.get("XRUN", 0), PIPE=cfg.get("PIPE", 0),
+        XRUN=cfg.get("XRUN", 0), PIPE=cfg.get("PIPE", 0), TMA=tma,
         INTERPRET=INTERPRETED, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         launch_pdl=use_pdl, **lay)
+
+
+def _descriptor(words, block_n: int, tw: int, lay: dict) -> TensorDescriptor:
+    """The tensor-memory-accelerator descriptor of the words [N, KW] for _stream_w_tma (its
+    view and blocks). Made per call (a few microseconds of Python; a CUDA graph's replay makes
+    none). The accelerator takes 16-byte aligned rows: KW a multiple of 4 words (every group
+    of 32 or more columns makes whole words of 4)."""
+    n, kw = words.shape
+    ln = lay["LN"]
+    if not ln:
+        return TensorDescriptor(words, [n, kw], [kw, 1], [block_n, tw])
+    c = min(lay["LW"] * ln, 256)
+    rows = kw * ln // c
+    return TensorDescriptor(words, [n // ln, rows, c], [rows * c, c, 1], [block_n // ln, tw * ln // c, c])

@@ -7,6 +7,8 @@ whether the loop takes DEPTH + 1 tiles a turn in buffers of their own (with XAHE
 XRUN, whether x's fixed point is per run of 4 words instead of per word (0 if absent; w4a16.py),
 PIPE, the stages of Triton's own pipeline of the loop's loads instead of DEPTH, XAHEAD and
 UNROLL (0 if absent: those; w4a16.py),
+TMA, with PIPE in a stream, W's words copied by the tensor memory accelerator (0 if absent;
+w4a16_stream.py),
 for tl.dot (row classes DOT_CLASSES; one missing takes DEFAULT_TILES') BLOCK_M, rows a
 program (16, 32, 64 or 128; 16 if absent; fewer rows are padded to it: sm_90's wgmma takes 64),
 JOIN, one dot a tile (0 if absent; w4a16_dot.py), PAIRS, with JOIN W dequantized two columns a
@@ -109,6 +111,8 @@ def _tile(tile: dict, m: int, dot: bool, wpg: int) -> dict:
                      XRUN=tile.get("XRUN", 0), PIPE=tile.get("PIPE", 0))
     if not dot and m == 1 and tile.get("STREAM"):
         extra["STREAM"] = tile["STREAM"]
+        if tile.get("TMA"):  # (the stream's PIPE loop only)
+            extra["TMA"] = tile["TMA"]
     if not dot and tile.get("maxnreg") and "STREAM" not in extra:  # ptxas's register cap
         extra["maxnreg"] = tile["maxnreg"]  # (occupancy) of a split-K tile; the stream takes none
     return dict(BLOCK_N=tile["BLOCK_N"], GT=max(1, tile["TW"] // wpg), num_warps=tile["num_warps"],
