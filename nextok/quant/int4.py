@@ -14,7 +14,8 @@ perplexity on the default model; kernels/triton/w4a16_dot.py).
   words (kernels/triton/int4_words.py: DRAM streams whole tiles, not short runs of rows).
   On CUDA steps of up to w4a16_tiles.KERNEL_ROWS rows run the Triton W4A16 kernels
   (kernels/triton/w4a16.py), which dequantize in registers; bigger steps dequantize the weight
-  once per call (on CUDA in one Triton pass) and run a dense matmul.
+  once per call (on CUDA in one Triton pass; past DEQUANT_LIMIT elements in row chunks) and run
+  a dense matmul.
 """
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ Q4_1 = 3  # ggml's type id for Q4_1 blocks
 # benchmarks/gpu/gguf_probe.py times both orders). Groups of 64 and more were not timed.
 # NEXTOK_INT4_GROUP_MAJOR_MAX moves it (benchmarks/gpu/issue7.sh w4a16 GM=1 times 128).
 GROUP_MAJOR_MAX = int(os.environ.get("NEXTOK_INT4_GROUP_MAJOR_MAX", "32"))
+# A step past the kernels' rows dequantizes W to x's dtype and multiplies densely: at most this
+# many elements of W at a time (256 MB in bfloat16), in row chunks past it. Every Llama-3.1-8B
+# decoder matrix fits whole; an int4 lm_head (--quantize-lm-head, 128256 x 4096) would take a
+# 1 GB temporary a call, more than the start-up memory profile may have seen (it samples fewer
+# rows than a big batch with speculation can).
+DEQUANT_LIMIT = 1 << 27
 
 
 @functools.cache
@@ -172,14 +179,35 @@ class Int4Linear(nn.Module):
 
             return w4a16(x if x.stride(-1) == 1 else x.contiguous(), self.qweight, self.scales,
                          self.mins, bias, layout=self.layout)
-        if x.is_cuda and self._kernel_ok and triton_gemv_rows():  # bigger steps: one Triton pass
+        n = self.out_features
+        # rows of W a chunk (DEQUANT_LIMIT), whole word tiles (the tiles of rows a..b, a and b
+        # multiples of the tile's rows, are rows a..b of qweight's [out, in / 8] view)
+        step = max(DEQUANT_LIMIT // self.in_features, self.layout[0] if self.layout else 1)
+        if self.layout:
+            step -= step % self.layout[0]
+        if step >= n:
+            return nn.functional.linear(x, self._dequantize_rows(0, n, x), bias)
+        y = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            y[..., a:b] = nn.functional.linear(x, self._dequantize_rows(a, b, x),
+                                               None if bias is None else bias[a:b])
+        return y
+
+    def _dequantize_rows(self, a: int, b: int, x: torch.Tensor) -> torch.Tensor:
+        """Rows a..b of W, d * q + m, in x's dtype [b - a, in] (a, b whole word tiles)."""
+        d, m = self.scales[a:b], self.mins[a:b]
+        if x.is_cuda and self._kernel_ok and triton_gemv_rows():  # one Triton pass
             from nextok.kernels.triton.int4_words import dequantize
 
-            w = dequantize(self.qweight, self.scales, self.mins, x.dtype, layout=self.layout)
+            return dequantize(self.qweight[a:b], d, m, x.dtype, layout=self.layout)
+        if self.layout is None:
+            words = self.qweight[a:b]
         else:
-            w = dequantize_groups(unpack_words(self.row_major_words()), self.scales,
-                                  self.mins).to(x.dtype)
-        return nn.functional.linear(x, w, bias)
+            from nextok.kernels.triton.int4_words import untile_words
+
+            words = untile_words(self.qweight[a:b], self.layout)
+        return dequantize_groups(unpack_words(words), d, m).to(x.dtype)
 
     def forward_silu_mul(self, gate_up: torch.Tensor, ops) -> torch.Tensor:
         """The down projection of silu(gate) * up, gate_up [T, 2 in] (model/layers.py SwiGLU):

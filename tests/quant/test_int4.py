@@ -52,6 +52,36 @@ def test_generic_layer_and_bad_group_sizes():
         Int4RoundToNearest(128).create_layer(torch.randn(8, 96), None)
 
 
+@pytest.mark.parametrize("layout", [None, (4, 4)])
+def test_big_steps_dequantize_in_row_chunks(monkeypatch, layout):
+    """Past the kernels' rows W is dequantized and multiplied densely, at most DEQUANT_LIMIT
+    elements at a time: in chunks of whole word tiles (here 3 x 8 rows of 48, on tiled and
+    row-major words, group-major scales too), the same products as the whole weight at once."""
+    import nextok.quant.int4 as int4
+
+    w, bias = _weight(), torch.randn(48)
+    q, d, m = quantize_groups(w, 32)
+    layer = Int4Linear(q, d, m, bias)
+    if layout:
+        pytest.importorskip("triton")
+        layer.set_layout(layout)
+        assert layer.layout == layout
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(1))
+    want = x @ dequantize_groups(q, d, m).T + bias
+    whole = layer(x)
+    torch.testing.assert_close(whole, want, rtol=1e-5, atol=1e-5)
+    chunks = []
+    real = Int4Linear._dequantize_rows
+    monkeypatch.setattr(Int4Linear, "_dequantize_rows", lambda self, a, b, x: (chunks.append((a, b)), real(self, a, b, x))[1])
+    monkeypatch.setattr(int4, "DEQUANT_LIMIT", 10 * 256)  # 10 rows: 8, whole tiles of 4
+    for group_major in (False, True):
+        layer.set_scale_order(group_major)
+        chunks.clear()
+        torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)  # (BLAS may sum in another order)
+        assert chunks == ([(0, 8), (8, 16), (16, 24), (24, 32), (32, 40), (40, 48)] if layout else
+                          [(0, 10), (10, 20), (20, 30), (30, 40), (40, 48)])
+
+
 def test_int4_engine_on_the_default_model(make_llm):
     from nextok import SamplingParams
     from tests.prompts import PROMPTS
