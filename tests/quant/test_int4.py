@@ -82,6 +82,26 @@ def test_big_steps_dequantize_in_row_chunks(monkeypatch, layout):
                           [(0, 10), (10, 20), (20, 30), (30, 40), (40, 48)])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton dequantize pass of a CUDA layer")
+def test_big_cuda_steps_dequantize_in_row_chunks(monkeypatch):
+    """On CUDA a step past the kernels' rows dequantizes in one Triton pass per chunk of whole
+    64-row word tiles: the products of the whole weight."""
+    import nextok.quant.int4 as int4
+
+    w, bias = _weight(256, 512), torch.randn(256)
+    q, d, m = quantize_groups(w, 128)
+    layer = Int4Linear(q, d, m, bias).cuda()
+    layer.set_layout((64, 16))
+    x = torch.randn(300, 512, generator=torch.Generator().manual_seed(2)).cuda().bfloat16()
+    whole = layer(x).float()
+    chunks = []
+    real = Int4Linear._dequantize_rows
+    monkeypatch.setattr(Int4Linear, "_dequantize_rows", lambda self, a, b, x: (chunks.append((a, b)), real(self, a, b, x))[1])
+    monkeypatch.setattr(int4, "DEQUANT_LIMIT", 100 * 512)  # 100 rows: 64, whole tiles
+    torch.testing.assert_close(layer(x).float(), whole, rtol=2e-2, atol=2e-2)
+    assert chunks == [(0, 64), (64, 128), (128, 192), (192, 256)]
+
+
 def test_int4_engine_on_the_default_model(make_llm):
     from nextok import SamplingParams
     from tests.prompts import PROMPTS
