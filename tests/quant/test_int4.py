@@ -72,7 +72,8 @@ def test_big_steps_dequantize_in_row_chunks(monkeypatch, layout):
     torch.testing.assert_close(whole, want, rtol=1e-5, atol=1e-5)
     chunks = []
     real = Int4Linear._dequantize_rows
-    monkeypatch.setattr(Int4Linear, "_dequantize_rows", lambda self, a, b, x: (chunks.append((a, b)), real(self, a, b, x))[1])
+    monkeypatch.setattr(Int4Linear, "_dequantize_rows",
+                        lambda self, a, b, x: (chunks.append((a, b)), real(self, a, b, x))[1])
     monkeypatch.setattr(int4, "DEQUANT_LIMIT", 10 * 256)  # 10 rows: 8, whole tiles of 4
     for group_major in (False, True):
         layer.set_scale_order(group_major)
@@ -96,7 +97,8 @@ def test_big_cuda_steps_dequantize_in_row_chunks(monkeypatch):
     whole = layer(x).float()
     chunks = []
     real = Int4Linear._dequantize_rows
-    monkeypatch.setattr(Int4Linear, "_dequantize_rows", lambda self, a, b, x: (chunks.append((a, b)), real(self, a, b, x))[1])
+    monkeypatch.setattr(Int4Linear, "_dequantize_rows",
+                        lambda self, a, b, x: (chunks.append((a, b)), real(self, a, b, x))[1])
     monkeypatch.setattr(int4, "DEQUANT_LIMIT", 100 * 512)  # 100 rows: 64, whole tiles
     torch.testing.assert_close(layer(x).float(), whole, rtol=2e-2, atol=2e-2)
     assert chunks == [(0, 64), (64, 128), (128, 192), (192, 256)]

@@ -11,6 +11,11 @@ SM won gate_up (22.9 us, 2.72 TB/s of packed bytes) and down; the H200 has not s
 Its loads keep their masks on whole tiles: without them (as w4a16.py's EVEN) sm_90 took 753
 instead of 800 instructions a loop, but ptxas 128 registers instead of 145 and, on the H100,
 gate_up 24.1 us at its best tile instead of 22.9 (2026-12-06, reverted).
+TMA (a tile option, with PIPE): W's words copied by the tensor memory accelerator, PIPE - 1
+steps in flight in shared memory with no registers or addresses a word, for a card whose DRAM
+the loop's own loads leave idle. On an H100 (2026-12-07-s31-h100.md) as fast as PIPE's cp.async
+loads and 1.15-1.44x the best tile's time (which reads ~90 % of that card's copy bandwidth at
+gate_up); swept for the H200.
 """
 from __future__ import annotations
 
@@ -38,8 +43,8 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, w_desc, d_ptr, m_ptr, b_ptr, y_ptr, part_
     # SMs idle. Where a run ends inside a row tile, its programs leave float32 sums in part
     # [slot, N] (slot: the program's place among the tile's, in run order) and the tile's last
     # to finish adds them in slot order and writes y. x [1, 8 KW] (SILU_MUL: [1, 16 KW]);
-    # words [N, KW]; d, m [N, G]; y [1, N]; count [cdiv(N, BLOCK_N)] zeros. TMA (with PIPE and
-    # word tiles): W's words through w_desc (stream() makes it), else w_desc is None.
+    # words [N, KW]; d, m [N, G]; y [1, N]; count [cdiv(N, BLOCK_N)] zeros. TMA (with PIPE):
+    # W's words through the descriptor w_desc (stream() makes it), else w_desc is None.
     TW: tl.constexpr = GT * WPG
     T = tl.cdiv(KW, TW)  # K tiles a row tile
     total = tl.cdiv(N, BLOCK_N) * T
@@ -180,7 +185,8 @@ def _stream_w_tma(w_desc, r, kw0, BLOCK_N: tl.constexpr, GT: tl.constexpr, WPG: 
     # memory. Row-major words: blocks [BLOCK_N, TW] of [N, KW]. In word tiles (int4_words) a
     # step's words are BLOCK_N / LN runs of TW LN contiguous words, one a tile row: w_desc
     # views the words as [N / LN, KW LN / C, C] with C = min(LW LN, 256) (a copy's box is at
-    # most 256 a dimension; KW a multiple of LW) and takes blocks [BLOCK_N / LN, TW LN / C, C] (_descriptor).
+    # most 256 a dimension; KW is a multiple of LW) and takes blocks [BLOCK_N / LN, TW LN / C, C]
+    # (_descriptor).
     TW: tl.constexpr = GT * WPG
     if LN == 0:
         w = tl.reshape(w_desc.load([r * BLOCK_N, kw0]), [1, BLOCK_N, GT, WPG])
