@@ -295,7 +295,8 @@ def test_w4a16_on_group_major_scales_equals_row_major(monkeypatch, rows, stream)
 
     if stream and rows > 1:
         pytest.skip("the stream takes one row")
-    n, k, group = SHAPES[1]  # groups of 32, as GGUF's Q4 types
+    # groups of 32, as GGUF's Q4 types (where tl.dot on group order failed to build, f0388e0)
+    n, k, group = next(s for s in SHAPES if s[2] == 32)
     w, x, b = _data(torch.bfloat16, n, k, rows)
     gate_up = torch.randn(rows, 2 * k, generator=torch.Generator().manual_seed(rows)).to(DEVICE, torch.bfloat16)
     q, d, m = quantize_groups(w, group)
