@@ -24,7 +24,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--load-format", default="auto", choices=["auto", "gguf", "safetensors", "dummy"])
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--kv-cache-memory", type=_bytes, default=None,
-                   help="KV pool size, e.g. 2GiB (default: a fraction of free memory)")
+                   help="KV pool size, e.g. 2GiB (default: a fraction of free memory; on CPU at most 4 GiB, "
+                        "its pages committed as sequences fill them)")
     g.add_argument("--kv-cache-memory-fraction", type=float, default=0.25)
     g.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV pool size in blocks")
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
