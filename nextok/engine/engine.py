@@ -83,8 +83,9 @@ class LLMEngine:
         self.validate(ids, params)
         arrival = time.monotonic() if arrival is None else arrival
         seqs = [Sequence(request_id, ids, params, index=i, arrival=arrival) for i in range(params.n)]
+        # not streamed: its text is read once, when it ends (no stop string: decoded then)
         detoks = [IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens,
-                                         params.stop, params.include_stop_str_in_output)
+                                         params.stop, params.include_stop_str_in_output, deferred=not stream)
                   for _ in seqs]
         lps = [[] for _ in seqs] if params.logprobs is not None else None
         req = _Request(request_id, text, ids, params, stream, seqs, detoks, lps,

@@ -101,6 +101,26 @@ def test_streamed_text_equals_full_decode(llm_f32):
     _assert_no_leak(llm_f32)
 
 
+def test_generated_text_equals_streamed_text(llm_f32):
+    """generate() decodes a request's text once, when it ends (it is not streamed and watches
+    no stop string): the same text as streaming it, and as decoding its ids, with n > 1 and
+    with sequences that end on EOS."""
+    tok = llm_f32.get_tokenizer()
+    for prompt, params in [("Write a poem with emoji 🎉 and 日本語:",
+                            SamplingParams(temperature=0.8, seed=5, max_tokens=40, ignore_eos=True)),
+                           (tok.apply_chat_template([{"role": "user", "content": "Say hi in one word."}]),
+                            SamplingParams(temperature=0.0, max_tokens=64)),  # ends on EOS (55 tokens)
+                           (PROMPTS[7], SamplingParams(n=2, temperature=1.0, seed=9, max_tokens=24))]:
+        outs = llm_f32.generate(prompt, params)[0].outputs
+        assert len(outs) == params.n and (params.max_tokens != 64 or outs[0].finish_reason == "stop")
+        streamed = "".join(llm_f32.stream(prompt, params)) if params.n == 1 else None
+        for o in outs:
+            assert o.text == tok.decode(o.token_ids)  # (an EOS that ended it: a special token, skipped)
+        if streamed is not None:
+            assert streamed == outs[0].text == llm_f32.last_output.outputs[0].text
+    _assert_no_leak(llm_f32)
+
+
 def test_n_samples_share_prompt_blocks(llm_f32):
     params = SamplingParams(n=4, temperature=1.0, seed=11, max_tokens=16, ignore_eos=True)
     out = llm_f32.generate(["def merge_sort(xs):\n" * 3], params)[0]

@@ -157,3 +157,32 @@ def test_stop_strings_in_unicode_and_specials(tok):
     ids = tok.encode("hi<|im_end|>")
     assert feed(tok, ids, stop=["<|im_end|>"], skip=False)[2].output_text == "hi"
     assert feed(tok, ids, stop=["<|im_end|>"])[2].stop_reason is None  # skipped: no text
+
+
+# ---- deferred: a request read only when it ends ----------------------------------------
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("text", SAMPLES + ["🎉中" * 20])
+def test_deferred_decodes_once_at_finish_to_the_same_text(tok, prompt, text, skip):
+    """Not streamed and no stop strings: step() releases nothing and decodes nothing; finish()
+    gives the text the incremental detokenizer would have released in all."""
+    ids = tok.encode(text)
+    calls = []
+    real = tok.decode
+    d = IncrementalDetokenizer(tok, list(prompt), skip, [], False, deferred=True)
+    try:
+        tok.decode = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+        assert all(d.step([i]) == ("", False) for i in ids)
+        assert not calls and d.output_text == "" and d.token_ids == ids
+    finally:
+        tok.decode = real
+    assert d.finish() == d.output_text == feed(tok, ids, prompt, skip=skip)[2].output_text
+    assert d.output_text == tok.decode(ids, skip_special_tokens=skip)
+
+
+def test_deferred_keeps_watching_for_stop_strings(tok):
+    """A stop string must end the sequence as it is generated: such a request decodes as it
+    goes, deferred or not."""
+    ids = tok.encode("hello world, and more text after it")
+    d = IncrementalDetokenizer(tok, [], True, [" world"], False, deferred=True)
+    stopped = [d.step([i])[1] for i in ids]
+    assert any(stopped) and d.output_text == "hello" and d.stop_reason == " world"
