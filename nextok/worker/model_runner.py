@@ -6,7 +6,6 @@ Owns the model, the paged KV pool and the per-sequence sampling generators. Only
 from __future__ import annotations
 
 import logging
-import mmap
 
 import torch
 
@@ -16,28 +15,11 @@ from nextok.config import EngineConfig
 from nextok.engine.scheduler import ScheduledSeq, SchedulerOutput
 from nextok.engine.sequence import PENDING
 from nextok.model.registry import default_dtype, model_class
+from nextok.worker.cpu_memory import lazy_zeros
 from nextok.worker.sampler import Sampler, SamplingMetadata
 from nextok.worker.step_output import LastHidden, LaunchedStep, ModelOutput, SeqLogprobs
 
 log = logging.getLogger("nextok")
-
-
-def lazy_zeros(shape, dtype: torch.dtype, device=None) -> torch.Tensor:
-    """A zeroed CPU tensor whose memory the OS commits page by page as it is first written: an
-    anonymous mapping, which Linux fills with zeros on first touch. Why: the CPU KV pool is
-    sized up front (up to 4 GiB), and torch.zeros writes every page of it at start, so the
-    default model's engine held 5.3 GB resident before serving a token; this way it holds what
-    its sequences have written. Reads of untouched pages see zeros without committing them.
-    (device: torch.zeros' argument, for a caller that picks either; always the CPU here.)"""
-    numel = 1
-    for n in shape:
-        numel *= n
-    if numel == 0:
-        return torch.zeros(shape, dtype=dtype)
-    buf = mmap.mmap(-1, numel * dtype.itemsize)  # private, anonymous, zero-filled; the tensor
-    return torch.frombuffer(buf, dtype=dtype, count=numel).view(shape)  # holds it (and its views)
-
-
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -154,7 +136,8 @@ class ModelRunner:
         dtype, row = self._kv_row()
         shape = self.backend.kv_cache_shape(num_blocks, self.block_size, mc.num_key_value_heads, row)
         # Zeroed, not empty: padded slots are masked, but 0 * NaN garbage would still poison SDPA.
-        # (A zero row of a quantized cache dequantizes to zeros.)
+        # (A zero row of a quantized cache dequantizes to zeros.) On the CPU the OS zeroes the
+        # pages as they are first written (cpu_memory.py): the pool costs what sequences fill.
         zeros = lazy_zeros if self.device.type == "cpu" else torch.zeros
         return [(zeros(shape, dtype=dtype, device=self.device), zeros(shape, dtype=dtype, device=self.device))
                 for _ in range(mc.num_hidden_layers if num_layers is None else num_layers)]

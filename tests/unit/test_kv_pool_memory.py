@@ -1,4 +1,4 @@
-"""The CPU KV pool is zeroed but committed page by page (worker/model_runner.py lazy_zeros): a
+"""The CPU KV pool is zeroed but committed page by page (worker/cpu_memory.py lazy_zeros): a
 pool of N bytes costs no resident memory until its blocks are written."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from nextok.worker.model_runner import lazy_zeros
+from nextok.worker.cpu_memory import lazy_zeros
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
