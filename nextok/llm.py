@@ -30,9 +30,11 @@ class LLM:
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Runs every prompt to completion in continuous batches; outputs in prompt order.
 
-        `prompts`: a string, a list of token ids, or a list of either.
+        `prompts`: a string, a list of token ids, a vLLM prompt dict ({"prompt": text} or
+        {"prompt_token_ids": ids}), or a list of those.
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
+                                                 and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
         params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)

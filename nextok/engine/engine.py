@@ -14,6 +14,7 @@ offline API. Single-threaded; `AsyncEngine` (server) wraps it.
 """
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 
@@ -78,8 +79,7 @@ class LLMEngine:
                     stream: bool = False, arrival: float | None = None) -> None:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        text = prompt if isinstance(prompt, str) else None
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        text, ids = self._prompt_ids(prompt)
         self.validate(ids, params)
         arrival = time.monotonic() if arrival is None else arrival
         seqs = [Sequence(request_id, ids, params, index=i, arrival=arrival) for i in range(params.n)]
@@ -93,6 +93,26 @@ class LLMEngine:
         self.requests[request_id] = req
         for seq in seqs:
             self.scheduler.add(seq)
+
+    def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
+        """(text or None, token ids) of a prompt: a string, token ids, or vLLM's prompt dicts
+        {"prompt": text} / {"prompt_token_ids": ids}; anything else is refused by name."""
+        if isinstance(prompt, dict):
+            keys = set(prompt) & {"prompt", "prompt_token_ids"}
+            if len(keys) != 1:
+                raise InvalidRequestError(f"a prompt dict takes one of 'prompt' (text) or 'prompt_token_ids', "
+                                          f"not the keys {sorted(prompt)}")
+            prompt = prompt[keys.pop()]
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)) or hasattr(prompt, "tolist"):  # (numpy, torch: ids)
+            ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
+            bad = next((t for t in ids if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
+            if bad is None:
+                return None, [int(t) for t in ids]
+            raise InvalidRequestError(f"prompt token ids must be integers, not {type(bad).__name__} ({bad!r:.40})")
+        raise InvalidRequestError(f"a prompt is a string, a list of token ids, or a dict with 'prompt' or "
+                                  f"'prompt_token_ids'; got {type(prompt).__name__}")
 
     def validate(self, ids: list[int], params: SamplingParams) -> None:
         """Raises InvalidRequestError for a request the engine cannot run. Reads only frozen

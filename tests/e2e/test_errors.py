@@ -28,6 +28,13 @@ def _run(engine) -> dict:
     ([1, 2, 10**9], GREEDY, "outside the vocabulary"),
     ("x " * 9000, GREEDY, "context window"),
     ("def f():", SamplingParams(max_tokens=8000), "context window"),
+    ([1, 2.5, 3], GREEDY, "token ids must be integers, not float"),
+    ([[1, 2]], GREEDY, "token ids must be integers, not list"),
+    ([True, 5], GREEDY, "token ids must be integers, not bool"),
+    ({"text": "def f():"}, GREEDY, "takes one of 'prompt' .* or 'prompt_token_ids'"),
+    ({"prompt": "a", "prompt_token_ids": [1]}, GREEDY, "takes one of"),
+    (3.5, GREEDY, "a prompt is a string, a list of token ids, or a dict"),
+    (None, GREEDY, "got NoneType"),
 ])
 def test_bad_request_is_refused_and_others_finish(llm_f32, prompt, params, message):
     eng = llm_f32.engine
@@ -41,6 +48,22 @@ def test_bad_request_is_refused_and_others_finish(llm_f32, prompt, params, messa
     done = _run(eng)
     assert [done[f"good-{i}"].outputs[0].token_ids for i in range(2)] == ref
     assert "bad" not in done and not eng.has_unfinished_requests()
+
+
+def test_prompts_as_vllm_dicts_and_arrays(llm_f32):
+    """vLLM's prompt dicts ({"prompt": text}, {"prompt_token_ids": ids}) and ids in a numpy
+    array or a tensor give what the plain string and list give."""
+    import numpy as np
+    import torch
+
+    text = "def add(a, b):"
+    ids = llm_f32.get_tokenizer().encode(text)
+    want = llm_f32.generate(text, GREEDY)[0].outputs[0].token_ids
+    assert llm_f32.generate(ids, GREEDY)[0].outputs[0].token_ids == want
+    outs = llm_f32.generate([{"prompt": text}, {"prompt_token_ids": ids}, np.array(ids), torch.tensor(ids)], GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == [want] * 4
+    assert outs[0].prompt == text and outs[1].prompt is None and outs[1].prompt_token_ids == ids
+    assert llm_f32.generate({"prompt_token_ids": ids}, GREEDY)[0].outputs[0].token_ids == want
 
 
 def test_duplicate_request_id_is_refused(llm_f32):
