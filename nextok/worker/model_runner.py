@@ -135,9 +135,8 @@ class ModelRunner:
         mc = self.config.model
         dtype, row = self._kv_row()
         shape = self.backend.kv_cache_shape(num_blocks, self.block_size, mc.num_key_value_heads, row)
-        # Zeroed, not empty: padded slots are masked, but 0 * NaN garbage would still poison SDPA.
-        # (A zero row of a quantized cache dequantizes to zeros.) On the CPU the OS zeroes the
-        # pages as they are first written (cpu_memory.py): the pool costs what sequences fill.
+        # Zeroed, not empty: padded slots are masked, but 0 * NaN garbage would still poison SDPA
+        # (a zero row of a quantized cache dequantizes to zeros). CPU: zeroed as written (cpu_memory.py).
         zeros = lazy_zeros if self.device.type == "cpu" else torch.zeros
         return [(zeros(shape, dtype=dtype, device=self.device), zeros(shape, dtype=dtype, device=self.device))
                 for _ in range(mc.num_hidden_layers if num_layers is None else num_layers)]
