@@ -167,8 +167,11 @@ class AsyncEngine:
         return self.last_stats.get("num_waiting", 0) + self.num_pending_adds
 
     # ---- requests (event loop thread) -----------------------------------------------------
-    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> RequestStream:
-        """Validates and queues a request. Raises InvalidRequestError (-> HTTP 400) at once."""
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+            streamed: bool = True) -> RequestStream:
+        """Validates and queues a request. Raises InvalidRequestError (-> HTTP 400) at once.
+        streamed=False: the stream yields only the finished output, and the engine saves a step's
+        output building (and, without stop strings, its detokenizing) for this request."""
         if self.dead is not None:
             raise EngineDeadError(f"the engine loop has stopped: {self.dead}")
         if request_id in self._streams:
@@ -177,7 +180,7 @@ class AsyncEngine:
         stream = RequestStream(self, request_id)
         self._streams[request_id] = stream
         self.num_pending_adds += 1
-        self._inbox.append(("add", request_id, list(prompt_token_ids), params, time.monotonic()))
+        self._inbox.append(("add", request_id, list(prompt_token_ids), params, streamed, time.monotonic()))
         self._wake.set()
         return stream
 
@@ -218,9 +221,9 @@ class AsyncEngine:
             cmd = self._inbox.popleft()
             changed = True
             if cmd[0] == "add":
-                _, rid, ids, params, arrival = cmd
+                _, rid, ids, params, streamed, arrival = cmd
                 try:
-                    self.engine.add_request(rid, ids, params, stream=True, arrival=arrival)
+                    self.engine.add_request(rid, ids, params, stream=streamed, arrival=arrival)
                 except Exception as e:  # validated already; a race (duplicate id) lands here
                     failed.append(RequestOutput(rid, None, ids, [], finished=True, error=str(e)))
                 finally:

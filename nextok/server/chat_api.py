@@ -55,7 +55,7 @@ async def chat_completions(req: P.ChatCompletionRequest, request: Request):
         max_tokens = max(1, state.max_model_len - len(ids))
     params = sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None)
     rec = state.record("chatcmpl", "/v1/chat/completions", request.state.caller)
-    streams = state.submit(rec, [ids], params)
+    streams = state.submit(rec, [ids], params, streamed=req.stream)
     created, model = int(time.time()), req.model or state.config.served_model_name
     if req.stream:
         finals: list = [None]

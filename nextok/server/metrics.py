@@ -40,7 +40,8 @@ class ServerMetrics:
         self.request_success = Counter("nextok:request_success", "Finished requests by finish reason.",
                                        lbl + ["finished_reason"], registry=r)
         self.ttft = Histogram("nextok:time_to_first_token_seconds", "Time to first token.", lbl, buckets=_TTFT, registry=r)
-        self.itl = Histogram("nextok:inter_token_latency_seconds", "Time between output tokens.", lbl, buckets=_ITL, registry=r)
+        self.itl = Histogram("nextok:inter_token_latency_seconds", "Time between output tokens of streamed requests "
+                             "(one not streamed comes out once, finished).", lbl, buckets=_ITL, registry=r)
         self.tpot = Histogram("nextok:request_time_per_output_token_seconds", "Mean time per output token of a request.",
                               lbl, buckets=_ITL, registry=r)
         self.e2e = Histogram("nextok:e2e_request_latency_seconds", "Request latency, arrival to finish.", lbl, buckets=_E2E, registry=r)

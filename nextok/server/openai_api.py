@@ -145,7 +145,7 @@ async def completions(req: P.CompletionRequest, request: Request):
     ids, texts = completion_prompts(state, req)
     params = sampling_params(req, req.max_tokens, req.logprobs)
     rec = state.record("cmpl", "/v1/completions", request.state.caller)
-    streams = state.submit(rec, ids, params)
+    streams = state.submit(rec, ids, params, streamed=req.stream)
     created, model = int(time.time()), req.model or state.config.served_model_name
     if req.stream:
         finals: list = [None] * len(streams)

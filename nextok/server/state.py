@@ -70,8 +70,11 @@ class ServerState:
     def record(self, prefix: str, route: str, caller: Caller) -> RequestRecord:
         return RequestRecord(self.new_id(prefix), route, caller)
 
-    def submit(self, rec: RequestRecord, prompts: list[list[int]], params: SamplingParams) -> list[RequestStream]:
-        """Admits and queues one engine request per prompt; all or none are queued."""
+    def submit(self, rec: RequestRecord, prompts: list[list[int]], params: SamplingParams,
+               streamed: bool = True) -> list[RequestStream]:
+        """Admits and queues one engine request per prompt; all or none are queued.
+        streamed=False (a response sent whole, read by `collect`): each stream yields only the
+        finished output, so the engine builds no output, and decodes no text, step by step."""
         if self.draining:
             raise APIError(503, "the server is shutting down", code="shutting_down")
         if self.engine.dead is not None or not self.engine.is_running:
@@ -94,7 +97,7 @@ class ServerState:
         streams = []
         try:
             for i, ids in enumerate(prompts):
-                streams.append(self.engine.add(f"{rec.id}-{i}", ids, params))
+                streams.append(self.engine.add(f"{rec.id}-{i}", ids, params, streamed))
         except EngineDeadError as e:
             for s in streams:
                 s.abort()
@@ -168,7 +171,8 @@ async def merge(streams: list[RequestStream], rec: RequestRecord | None = None
                 continue
             if rec is not None and rec.first_token is None and out is not None and \
                     any(o.token_ids for o in out.outputs):
-                rec.first_token = time.monotonic()
+                now = time.monotonic()  # (one not streamed comes once, finished: its own time)
+                rec.first_token = out.metrics.get("first_token", now) if out.finished else now
             yield i, out
     finally:
         for t in tasks:

@@ -52,6 +52,7 @@ def test_keys_never_logged(server, http):
     for field in ("id", "prompt_tokens", "completion_tokens", "ttft_ms", "total_ms", "finish_reason", "status"):
         assert field in entry
     assert entry["prompt_tokens"] > 0 and entry["completion_tokens"] > 0
+    assert 0 < entry["ttft_ms"] <= entry["total_ms"]  # (not streamed: the engine's first-token time)
 
 
 def test_rate_limit_rpm_and_tpm(server, http):

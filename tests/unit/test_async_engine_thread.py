@@ -60,3 +60,36 @@ def test_a_failed_build_is_raised_and_shutdown_before_start_returns(tmp_path, mo
         model=str(tmp_path), load_format="dummy", tokenizer=model_path, num_kv_blocks=32)))
     engine.shutdown(timeout=10)  # never started: its thread ends at once
     assert not engine._thread.is_alive() and not engine.is_running
+
+
+def test_a_request_not_streamed_comes_out_once_finished(tmp_path, model_path):
+    """streamed=False (the server's non-streamed responses): the one output is the finished one,
+    with the text and tokens a streamed twin gets; stop strings still cut it."""
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    engine = AsyncEngine.build_in_thread(lambda: create_engine(EngineArgs(
+        model=str(tmp_path), load_format="dummy", tokenizer=model_path, dtype="float32", num_kv_blocks=64)))
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+    async def serve():
+        engine.start()
+        runs = {}
+        for rid, stream in (("streamed", True), ("whole", False)):
+            runs[rid] = [out async for out in engine.add(rid, [100, 200, 300], params, streamed=stream)]
+        streamed_text = runs["streamed"][-1].outputs[0].text
+        stop = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop=[streamed_text[3:6]])
+        for rid, stream in (("stop-streamed", True), ("stop-whole", False)):
+            runs[rid] = [out async for out in engine.add(rid, [100, 200, 300], stop, streamed=stream)]
+        return runs
+
+    try:
+        runs = asyncio.run(serve())
+    finally:
+        engine.shutdown()
+    assert len(runs["streamed"]) == 12 and len(runs["whole"]) == len(runs["stop-whole"]) == 1
+    for streamed, whole in (("streamed", "whole"), ("stop-streamed", "stop-whole")):
+        a, b = runs[streamed][-1], runs[whole][0]
+        assert b.finished and b.outputs[0].text == a.outputs[0].text
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids and b.outputs[0].finish_reason == a.outputs[0].finish_reason
+        assert b.metrics["arrival"] <= b.metrics["first_token"] <= b.metrics["finished"]
+    assert runs["stop-whole"][0].outputs[0].finish_reason == "stop"
+    assert len(runs["stop-whole"][0].outputs[0].token_ids) < 12

@@ -1,0 +1,133 @@
+"""Non-streamed completions through the server at a big batch: two source trees side by side (CPU).
+
+    python benchmarks/server_whole.py OUT.json --a OLD_TREE --b NEW_TREE [--requests 256]
+        [--tokens 128] [--rounds 3]
+
+Each tree's `nextok serve` runs the model of benchmarks/host_step.py (2 layers, 64 wide, the
+default model's vocabulary and tokenizer, random weights: the model costs next to nothing, so what
+is timed is the server's and the engine's own work). Both servers start once; each round sends the
+same `--requests` concurrent `/v1/completions` requests (16-token prompts as token ids, greedy,
+ignore_eos, `--tokens` each, `stream` false) to A, then to B. Per run: the wall time from the first
+request to the last response, the server process's CPU seconds, and what other processes took.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import psutil
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from nextok import hub  # noqa: E402
+from nextok.bench.common import Meter, header  # noqa: E402
+from benchmarks.host_step import tiny_model  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(tree: str, model: str, seqs: int, log) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "nextok", "serve", "--model", model, "--load-format", "dummy",
+           "--tokenizer", hub.resolve_model("smollm2-135m-instruct"), "--dtype", "float32",
+           "--max-model-len", "2048", "--kv-cache-memory", str(1 << 30), "--max-num-seqs", str(seqs),
+           "--max-num-batched-tokens", "8192", "--port", str(port), "--served-model-name", "tiny"]
+    env = {**os.environ, "PYTHONPATH": tree}
+    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server of {tree} exited ({proc.returncode}): see {log.name}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"the server of {tree} did not come up: see {log.name}")
+
+
+async def load(url: str, prompts: list[list[int]], tokens: int) -> int:
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=len(prompts))) as c:
+        async def one(p):
+            r = await c.post("/v1/completions", json={"model": "tiny", "prompt": p, "max_tokens": tokens,
+                                                      "temperature": 0, "ignore_eos": True})
+            r.raise_for_status()
+            return r.json()["usage"]["completion_tokens"]
+        return sum(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+def run(label: str, proc: subprocess.Popen, url: str, prompts, tokens: int) -> dict:
+    server = psutil.Process(proc.pid)
+    cpu0 = sum(server.cpu_times()[:2])
+    with Meter() as meter:
+        generated = asyncio.run(load(url, prompts, tokens))
+    server_cpu = sum(server.cpu_times()[:2]) - cpu0
+    return {"tree": label, "wall_s": meter.seconds, "server_cpu_s": server_cpu, "tokens": generated,
+            "tokens_per_s": generated / meter.seconds, "bench_process_peak_rss": meter.peak_rss,
+            # Meter counts every process but this one; the servers' own share taken out (both
+            # read in clock ticks, so a few hundredths either way)
+            "others_and_server_cpu_s": meter.other_cpu_seconds,
+            "other_cpu_seconds": meter.other_cpu_seconds - server_cpu}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--a", required=True, help="source tree A (the baseline)")
+    ap.add_argument("--b", required=True, help="source tree B")
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(100, 40000, (16,), generator=gen).tolist() for _ in range(args.requests)]
+    with tempfile.TemporaryDirectory() as d:
+        tiny_model(d)
+        servers = {}
+        try:
+            for label, tree in (("a", args.a), ("b", args.b)):
+                log = open(os.path.join(d, f"server-{label}.log"), "w")
+                servers[label] = start(os.path.abspath(tree), d, args.requests, log)
+                asyncio.run(load(servers[label][1], prompts[:8], 4))  # warm-up
+            runs = []
+            for r in range(args.rounds):
+                for label in ("a", "b"):
+                    res = dict(run(label, *servers[label], prompts, args.tokens), round=r)
+                    runs.append(res)
+                    print(f"round {r} {label}: {res['wall_s']:.2f} s, {res['tokens_per_s']:.0f} tokens/s, server CPU "
+                          f"{res['server_cpu_s']:.2f} s, others {res['other_cpu_seconds']:.2f} s", flush=True)
+        finally:
+            for proc, _ in servers.values():
+                proc.terminate()
+                proc.wait(60)
+    trees = {label: {"path": os.path.abspath(t), "commit": _commit(t)} for label, t in (("a", args.a), ("b", args.b))}
+    with open(args.out, "w") as f:
+        json.dump(header({"requests": args.requests, "tokens": args.tokens, "trees": trees, "runs": runs}), f, indent=1)
+    return 0
+
+
+def _commit(tree: str) -> str:
+    run = subprocess.run(["git", "-C", tree, "rev-parse", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", tree, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return run.stdout.strip() + ("+changes" if dirty else "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
