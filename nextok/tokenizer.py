@@ -29,6 +29,14 @@ _QWEN2_RE = _LLAMA3_RE.replace(r"\p{N}{1,3}", r"\p{N}")
 _DIGIT_PRE_TYPES = {"smollm", "starcoder", "refact", "codeshell"}
 
 
+def _gpt2_byte_of_char() -> dict[str, int]:
+    """ByteLevel's alphabet: printable Latin-1 bytes stand for themselves, the other 68 bytes
+    for the chars from U+0100 up, in byte order (GPT-2's bytes_to_unicode, inverted)."""
+    plain = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    shifted = [b for b in range(256) if b not in plain]
+    return {**{chr(b): b for b in plain}, **{chr(0x100 + n): b for n, b in enumerate(shifted)}}
+
+
 def _byte_level(use_regex: bool) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_regex)
 
@@ -170,6 +178,35 @@ class Tokenizer:
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def byte_pieces(self, skip_special_tokens: bool) -> list[bytes] | None:
+        """Each id's bytes in decoded text, for a byte-level BPE decoder; None for any other.
+
+        With ByteLevel, `decode(ids)` is the ids' token strings mapped char by char back to bytes
+        (a token with a char outside the map, e.g. an added one, by its own UTF-8), joined, and
+        read as UTF-8 with U+FFFD for bad bytes; skipped special tokens and ids outside the
+        vocabulary add nothing. So streamed text can be built from these bytes one token at a
+        time, without a decode call per token (tests/unit/test_detokenizer.py checks it equal)."""
+        return self._byte_pieces[skip_special_tokens] if self._byte_pieces else None
+
+    @cached_property
+    def _byte_pieces(self) -> tuple[list[bytes], list[bytes]] | None:
+        # (not skipping, skipping) special tokens; built once, ~0.1 s for 150k tokens
+        if type(self._tok.decoder) is not decoders.ByteLevel:
+            return None
+        byte_of = _gpt2_byte_of_char()
+        pieces = []
+        for i in range(self._tok.get_vocab_size(with_added_tokens=True)):
+            token = self._tok.id_to_token(i) or ""
+            try:
+                pieces.append(bytes(byte_of[c] for c in token))
+            except KeyError:
+                pieces.append(token.encode())
+        skipping = list(pieces)
+        for i in self.all_special_ids:
+            if i < len(skipping):
+                skipping[i] = b""
+        return pieces, skipping
 
     def convert_ids_to_tokens(self, ids) -> list[str]:
         return [self._tok.id_to_token(int(i)) for i in ids]

@@ -1,20 +1,42 @@
-"""IncrementalDetokenizer on the real SmolLM2 tokenizer, fed one token at a time.
+"""IncrementalDetokenizer on the real SmolLM2 tokenizer, fed one token at a time, both ways it
+turns tokens into characters: by each token's bytes (`byte_pieces`, byte-level BPE tokenizers)
+and by decode calls over a window (any other tokenizer, e.g. SentencePiece's).
 
 Invariants every run checks (`feed`): the released deltas join up to `output_text`; each
-intermediate `output_text` is a prefix of the final one (no delta carries text cut later); no
-delta ends in a half-decoded character.
+intermediate `output_text` is a prefix of the final one (no delta carries text cut later, so no
+half-decoded character was shown as U+FFFD).
 """
 from __future__ import annotations
+
+import random
 
 import pytest
 
 from nextok.engine.detokenizer import _MAX_PENDING, IncrementalDetokenizer
+from tests.server.fim_tokenizers import FAMILY_SPECIAL_TOKENS, build_tokenizer
 from tests.unit.test_tokenizer import SAMPLES, load_real_tokenizer
 
 
-@pytest.fixture(scope="module")
-def tok(model_path):
-    return load_real_tokenizer(model_path)
+class DecodeOnly:
+    """The tokenizer without `byte_pieces`: the detokenizer then decodes windows of ids, as for
+    tokenizers whose decoder is not byte-level."""
+
+    def __init__(self, tok):
+        self._tok = tok
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens)
+
+    def __getattr__(self, name):
+        if name == "byte_pieces":
+            raise AttributeError(name)
+        return getattr(self._tok, name)
+
+
+@pytest.fixture(scope="module", params=["bytes", "decode"])
+def tok(model_path, request):
+    real = load_real_tokenizer(model_path)
+    return real if request.param == "bytes" else DecodeOnly(real)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +53,9 @@ def feed(tok, ids, prompt=(), stop=(), include=False, skip=True, finish=True):
         delta, stopped = d.step([i])
         deltas.append(delta)
         seen.append(d.output_text)
-        assert not delta.endswith("\ufffd")
+        # (by bytes, U+FFFD comes out only for bytes already known bad: the prefix check below
+        # shows it stays)
+        assert not delta.endswith("\ufffd") or d._pieces is not None
         if stopped:
             break
     if finish and d.stop_reason is None:
@@ -85,7 +109,7 @@ def test_window_stays_small(tok):
     # Skipped special tokens add no text; the window must not grow with them.
     ids = [0] * (3 * _MAX_PENDING) + tok.encode("done")
     _, _, d = feed(tok, ids, finish=False)
-    assert len(d._window) <= _MAX_PENDING + 2
+    assert d._pieces is not None or len(d._window) <= _MAX_PENDING + 2
     assert d.output_text + d.finish() == "done"
 
 
@@ -186,3 +210,60 @@ def test_deferred_keeps_watching_for_stop_strings(tok):
     d = IncrementalDetokenizer(tok, [], True, [" world"], False, deferred=True)
     stopped = [d.step([i])[1] for i in ids]
     assert any(stopped) and d.output_text == "hello" and d.stop_reason == " world"
+
+
+# ---- by bytes: a token's bytes give the text decode() gives ---------------------------------
+def _random_ids(rng: random.Random, vocab: int, specials: list[int]) -> list[int]:
+    """Byte tokens (ids < 300 in these vocabularies: split characters and bad bytes), any id,
+    special tokens and ids past the tokenizer's vocabulary (a model's padded rows)."""
+    pool = [lambda: rng.randrange(min(300, vocab)), lambda: rng.randrange(vocab),
+            lambda: rng.choice(specials), lambda: vocab + rng.randrange(64)]
+    return [rng.choice(pool)() for _ in range(rng.randint(1, 40))]
+
+
+def _check_bytes_equal_decode(tok, trials: int) -> None:
+    rng = random.Random(0)
+    vocab = tok.backend.get_vocab_size(with_added_tokens=True)
+    for _ in range(trials):
+        ids = _random_ids(rng, vocab, tok.all_special_ids)
+        for skip in (True, False):
+            want = tok.decode(ids, skip_special_tokens=skip)
+            d = IncrementalDetokenizer(tok, [], skip, [], False)
+            deltas = [d.step([i])[0] for i in ids] + [d.finish()]
+            assert d._pieces is not None and "".join(deltas) == d.output_text == want, (ids, skip)
+
+
+def test_bytes_give_decode_on_random_ids(model_path):
+    _check_bytes_equal_decode(load_real_tokenizer(model_path), 1500)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_SPECIAL_TOKENS))
+def test_bytes_give_decode_for_each_code_family(tmp_path, family):
+    """Special tokens outside ByteLevel's alphabet (DeepSeek's U+FF5C and U+2581, CodeLlama's
+    '▁<PRE>') come out as their own UTF-8."""
+    tok = build_tokenizer(family, str(tmp_path))
+    assert any(ord(c) > 255 for t in FAMILY_SPECIAL_TOKENS[family] for c in t) == (family in ("codellama", "deepseek-coder"))
+    _check_bytes_equal_decode(tok, 300)
+
+
+def test_other_decoders_decode_windows(tmp_path):
+    """A tokenizer whose decoder is not ByteLevel alone (SentencePiece's Metaspace here) has no
+    byte pieces: its text comes from decode calls, and still joins up to decode()."""
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+    from tokenizers.trainers import BpeTrainer
+
+    from nextok.tokenizer import Tokenizer
+
+    hf = HFTokenizer(models.BPE(unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.Metaspace()
+    hf.decoder = decoders.Metaspace()
+    hf.train_from_iterator(SAMPLES * 3, BpeTrainer(vocab_size=300, special_tokens=["<unk>", "</s>"],
+                                                   show_progress=False))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    tok = Tokenizer.from_dir(str(tmp_path))
+    assert tok.byte_pieces(True) is None
+    ids = tok.encode("def f(x):\n    return x  # ok")
+    d = IncrementalDetokenizer(tok, [], True, [], False)
+    out = "".join(d.step([i])[0] for i in ids) + d.finish()
+    assert d._pieces is None and out == tok.decode(ids) and "return" in out
