@@ -1,13 +1,14 @@
-"""Non-streamed completions through the server at a big batch: two source trees side by side (CPU).
+"""Completions through the server at a big batch: two source trees side by side (CPU).
 
     python benchmarks/server_whole.py OUT.json --a OLD_TREE --b NEW_TREE [--requests 256]
-        [--tokens 128] [--rounds 3]
+        [--tokens 128] [--rounds 3] [--stream]
 
 Each tree's `nextok serve` runs the model of benchmarks/host_step.py (2 layers, 64 wide, the
 default model's vocabulary and tokenizer, random weights: the model costs next to nothing, so what
 is timed is the server's and the engine's own work). Both servers start once; each round sends the
 same `--requests` concurrent `/v1/completions` requests (16-token prompts as token ids, greedy,
-ignore_eos, `--tokens` each, `stream` false) to A, then to B. Per run: the wall time from the first
+ignore_eos, `--tokens` each; not streamed, or with `--stream` streamed as an editor reads them: SSE,
+usage in the last chunk) to A, then to B. Per run: the wall time from the first
 request to the last response, the server process's CPU seconds, and what other processes took.
 """
 from __future__ import annotations
@@ -62,21 +63,30 @@ def start(tree: str, model: str, seqs: int, log) -> tuple[subprocess.Popen, str]
     raise RuntimeError(f"the server of {tree} did not come up: see {log.name}")
 
 
-async def load(url: str, prompts: list[list[int]], tokens: int) -> int:
+async def load(url: str, prompts: list[list[int]], tokens: int, stream: bool) -> int:
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=len(prompts))) as c:
         async def one(p):
-            r = await c.post("/v1/completions", json={"model": "tiny", "prompt": p, "max_tokens": tokens,
-                                                      "temperature": 0, "ignore_eos": True})
-            r.raise_for_status()
-            return r.json()["usage"]["completion_tokens"]
+            body = {"model": "tiny", "prompt": p, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+            if not stream:
+                r = await c.post("/v1/completions", json=body)
+                r.raise_for_status()
+                return r.json()["usage"]["completion_tokens"]
+            body.update(stream=True, stream_options={"include_usage": True})
+            usage = None
+            async with c.stream("POST", "/v1/completions", json=body) as r:
+                r.raise_for_status()
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        usage = json.loads(line[6:]).get("usage") or usage
+            return usage["completion_tokens"]
         return sum(await asyncio.gather(*(one(p) for p in prompts)))
 
 
-def run(label: str, proc: subprocess.Popen, url: str, prompts, tokens: int) -> dict:
+def run(label: str, proc: subprocess.Popen, url: str, prompts, tokens: int, stream: bool) -> dict:
     server = psutil.Process(proc.pid)
     cpu0 = sum(server.cpu_times()[:2])
     with Meter() as meter:
-        generated = asyncio.run(load(url, prompts, tokens))
+        generated = asyncio.run(load(url, prompts, tokens, stream))
     server_cpu = sum(server.cpu_times()[:2]) - cpu0
     return {"tree": label, "wall_s": meter.seconds, "server_cpu_s": server_cpu, "tokens": generated,
             "tokens_per_s": generated / meter.seconds, "bench_process_peak_rss": meter.peak_rss,
@@ -94,6 +104,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--stream", action="store_true", help="streamed requests (SSE)")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, 40000, (16,), generator=gen).tolist() for _ in range(args.requests)]
@@ -104,11 +115,11 @@ def main() -> int:
             for label, tree in (("a", args.a), ("b", args.b)):
                 log = open(os.path.join(d, f"server-{label}.log"), "w")
                 servers[label] = start(os.path.abspath(tree), d, args.requests, log)
-                asyncio.run(load(servers[label][1], prompts[:8], 4))  # warm-up
+                asyncio.run(load(servers[label][1], prompts[:8], 4, args.stream))  # warm-up
             runs = []
             for r in range(args.rounds):
                 for label in ("a", "b"):
-                    res = dict(run(label, *servers[label], prompts, args.tokens), round=r)
+                    res = dict(run(label, *servers[label], prompts, args.tokens, args.stream), round=r)
                     runs.append(res)
                     print(f"round {r} {label}: {res['wall_s']:.2f} s, {res['tokens_per_s']:.0f} tokens/s, server CPU "
                           f"{res['server_cpu_s']:.2f} s, others {res['other_cpu_seconds']:.2f} s", flush=True)
@@ -118,7 +129,8 @@ def main() -> int:
                 proc.wait(60)
     trees = {label: {"path": os.path.abspath(t), "commit": _commit(t)} for label, t in (("a", args.a), ("b", args.b))}
     with open(args.out, "w") as f:
-        json.dump(header({"requests": args.requests, "tokens": args.tokens, "trees": trees, "runs": runs}), f, indent=1)
+        json.dump(header({"requests": args.requests, "tokens": args.tokens, "stream": args.stream,
+                          "trees": trees, "runs": runs}), f, indent=1)
     return 0
 
 
