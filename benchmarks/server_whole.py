@@ -1,7 +1,7 @@
 """Completions through the server at a big batch: two source trees side by side (CPU).
 
     python benchmarks/server_whole.py OUT.json --a OLD_TREE --b NEW_TREE [--requests 256]
-        [--tokens 128] [--rounds 3] [--stream]
+        [--tokens 128] [--rounds 3] [--stream] [--vocab N] [--b-path DIR]
 
 Each tree's `nextok serve` runs the model of benchmarks/host_step.py (2 layers, 64 wide, the
 default model's vocabulary and tokenizer, random weights: the model costs next to nothing, so what
@@ -40,13 +40,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(tree: str, model: str, seqs: int, log) -> tuple[subprocess.Popen, str]:
+def start(tree: str, model: str, seqs: int, log, extra_path: str | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "nextok", "serve", "--model", model, "--load-format", "dummy",
            "--tokenizer", hub.resolve_model("smollm2-135m-instruct"), "--dtype", "float32",
            "--max-model-len", "2048", "--kv-cache-memory", str(1 << 30), "--max-num-seqs", str(seqs),
            "--max-num-batched-tokens", "8192", "--port", str(port), "--served-model-name", "tiny"]
-    env = {**os.environ, "PYTHONPATH": tree}
+    env = {**os.environ, "PYTHONPATH": tree + (os.pathsep + extra_path if extra_path else "")}
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
@@ -63,7 +63,9 @@ def start(tree: str, model: str, seqs: int, log) -> tuple[subprocess.Popen, str]
     raise RuntimeError(f"the server of {tree} did not come up: see {log.name}")
 
 
-async def load(url: str, prompts: list[list[int]], tokens: int, stream: bool) -> int:
+async def load(url: str, prompts: list[list[int]], tokens: int, stream: bool, chunks: list | None = None) -> int:
+    """Sends the requests at once -> tokens generated; streamed, `chunks` gets each one's count
+    of SSE chunks with text (fewer than its tokens where the server joined steps)."""
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=len(prompts))) as c:
         async def one(p):
             body = {"model": "tiny", "prompt": p, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
@@ -72,12 +74,16 @@ async def load(url: str, prompts: list[list[int]], tokens: int, stream: bool) ->
                 r.raise_for_status()
                 return r.json()["usage"]["completion_tokens"]
             body.update(stream=True, stream_options={"include_usage": True})
-            usage = None
+            usage, n = None, 0
             async with c.stream("POST", "/v1/completions", json=body) as r:
                 r.raise_for_status()
                 async for line in r.aiter_lines():
                     if line.startswith("data: {"):
-                        usage = json.loads(line[6:]).get("usage") or usage
+                        event = json.loads(line[6:])
+                        usage = event.get("usage") or usage
+                        n += any(ch.get("text") for ch in event.get("choices") or [])
+            if chunks is not None:
+                chunks.append(n)
             return usage["completion_tokens"]
         return sum(await asyncio.gather(*(one(p) for p in prompts)))
 
@@ -85,10 +91,12 @@ async def load(url: str, prompts: list[list[int]], tokens: int, stream: bool) ->
 def run(label: str, proc: subprocess.Popen, url: str, prompts, tokens: int, stream: bool) -> dict:
     server = psutil.Process(proc.pid)
     cpu0 = sum(server.cpu_times()[:2])
+    chunks = []
     with Meter() as meter:
-        generated = asyncio.run(load(url, prompts, tokens, stream))
+        generated = asyncio.run(load(url, prompts, tokens, stream, chunks))
     server_cpu = sum(server.cpu_times()[:2]) - cpu0
     return {"tree": label, "wall_s": meter.seconds, "server_cpu_s": server_cpu, "tokens": generated,
+            **({"text_chunks": sum(chunks)} if stream else {}),
             "tokens_per_s": generated / meter.seconds, "bench_process_peak_rss": meter.peak_rss,
             # Meter counts every process but this one; the servers' own share taken out (both
             # read in clock ticks, so a few hundredths either way)
@@ -101,20 +109,32 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--a", required=True, help="source tree A (the baseline)")
     ap.add_argument("--b", required=True, help="source tree B")
+    ap.add_argument("--b-path", default=None,
+                    help="a directory of packages B's server imports too (e.g. other event loops)")
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--stream", action="store_true", help="streamed requests (SSE)")
+    ap.add_argument("--vocab", type=int, default=None,
+                    help="the model's vocabulary, if not the tokenizer's 49152: a smaller one makes "
+                         "a step as short as a GPU's (the tokenizer still decodes its ids)")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(100, 40000, (16,), generator=gen).tolist() for _ in range(args.requests)]
+    prompts = [torch.randint(100, min(40000, args.vocab or 40000), (16,), generator=gen).tolist()
+               for _ in range(args.requests)]
     with tempfile.TemporaryDirectory() as d:
         tiny_model(d)
+        if args.vocab:
+            with open(os.path.join(d, "config.json")) as f:
+                cfg = json.load(f)
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump({**cfg, "vocab_size": args.vocab}, f)
         servers = {}
         try:
             for label, tree in (("a", args.a), ("b", args.b)):
                 log = open(os.path.join(d, f"server-{label}.log"), "w")
-                servers[label] = start(os.path.abspath(tree), d, args.requests, log)
+                servers[label] = start(os.path.abspath(tree), d, args.requests, log,
+                                       args.b_path if label == "b" else None)
                 asyncio.run(load(servers[label][1], prompts[:8], 4, args.stream))  # warm-up
             runs = []
             for r in range(args.rounds):
@@ -122,14 +142,16 @@ def main() -> int:
                     res = dict(run(label, *servers[label], prompts, args.tokens, args.stream), round=r)
                     runs.append(res)
                     print(f"round {r} {label}: {res['wall_s']:.2f} s, {res['tokens_per_s']:.0f} tokens/s, server CPU "
-                          f"{res['server_cpu_s']:.2f} s, others {res['other_cpu_seconds']:.2f} s", flush=True)
+                          f"{res['server_cpu_s']:.2f} s, others {res['other_cpu_seconds']:.2f} s"
+                          + (f", {res['text_chunks']} chunks" if args.stream else ""), flush=True)
         finally:
             for proc, _ in servers.values():
                 proc.terminate()
                 proc.wait(60)
     trees = {label: {"path": os.path.abspath(t), "commit": _commit(t)} for label, t in (("a", args.a), ("b", args.b))}
+    trees["b"]["extra_path"] = args.b_path
     with open(args.out, "w") as f:
-        json.dump(header({"requests": args.requests, "tokens": args.tokens, "stream": args.stream,
+        json.dump(header({"requests": args.requests, "tokens": args.tokens, "stream": args.stream, "vocab": args.vocab,
                           "trees": trees, "runs": runs}), f, indent=1)
     return 0
 
