@@ -11,7 +11,7 @@ PIP_PIN   := pip==26.0
 TORCH_PIN := torch==2.13.0
 PINS      := tokenizers==0.23.3 gguf==0.19.0 safetensors==0.8.0 numpy==2.4.6 jinja2==3.1.6 \
              tqdm==4.70.1 psutil==7.2.2 pytest==9.2.0 transformers==5.17.0 accelerate==1.15.0 \
-             fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 pydantic==2.14.4 \
+             fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 uvloop==0.22.1 httptools==0.7.1 pydantic==2.14.4 \
              prometheus-client==0.26.0 openai==3.57.0 httpx==0.29.0 schemathesis==4.32.5 \
              matplotlib==3.10.8 triton==3.6.0 pytest-xdist==3.8.0 execnet==2.1.2 \
              pygls==2.1.1 lsprotocol==2025.0.0 cattrs==26.2.1 \
