@@ -55,6 +55,8 @@ class LLMEngine:
         from config.speculative (ngram needs nothing else)."""
         self.config = config
         self.tokenizer = tokenizer
+        if hasattr(tokenizer, "byte_pieces"):
+            tokenizer.byte_pieces(True)  # the detokenizer's table (~0.1 s): built now, not on a request
         self.runner = runner
         self.max_model_len = max_model_len
         mc = config.model

@@ -33,6 +33,8 @@ def test_built_and_stepped_in_one_thread(tmp_path, model_path):
 
     engine = AsyncEngine.build_in_thread(build, on_step=on_step)
     assert "build" in threads and not engine.is_running  # built, waiting for start()
+    # the detokenizer's byte table is built with the engine, not on the first request
+    assert "_byte_pieces" in vars(engine.engine.tokenizer)
 
     async def serve():
         engine.start()
