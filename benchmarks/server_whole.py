@@ -1,11 +1,13 @@
-"""Completions through the server at a big batch: two source trees side by side (CPU).
+"""Completions through the server at a big batch: two source trees side by side.
 
     python benchmarks/server_whole.py OUT.json --a OLD_TREE --b NEW_TREE [--requests 256]
-        [--tokens 128] [--rounds 3] [--stream] [--vocab N] [--b-path DIR]
+        [--tokens 128] [--rounds 3] [--stream] [--vocab N] [--b-path DIR] [--path DIR]
+        [--config HF_CONFIG_DIR --tokenizer DIR --serve-args "--dtype bfloat16 ..."]
 
-Each tree's `nextok serve` runs the model of benchmarks/host_step.py (2 layers, 64 wide, the
-default model's vocabulary and tokenizer, random weights: the model costs next to nothing, so what
-is timed is the server's and the engine's own work). Both servers start once; each round sends the
+Each tree's `nextok serve` runs the model of benchmarks/host_step.py on the CPU (2 layers, 64
+wide, the default model's vocabulary and tokenizer, random weights: the model costs next to
+nothing, so what is timed is the server's and the engine's own work), or with `--config` that
+configuration's random weights, with `--serve-args` (e.g. on a GPU). Both servers start once; each round sends the
 same `--requests` concurrent `/v1/completions` requests (16-token prompts as token ids, greedy,
 ignore_eos, `--tokens` each; not streamed, or with `--stream` streamed as an editor reads them: SSE,
 usage in the last chunk) to A, then to B. Per run: the wall time from the first
@@ -17,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -27,7 +30,8 @@ import httpx
 import psutil
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 from nextok import hub  # noqa: E402
 from nextok.bench.common import Meter, header  # noqa: E402
@@ -40,19 +44,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(tree: str, model: str, seqs: int, log, extra_path: str | None = None) -> tuple[subprocess.Popen, str]:
+CPU_ARGS = f"--dtype float32 --kv-cache-memory {1 << 30}"
+
+
+def start(tree: str, model: str, tokenizer: str, serve_args: str, seqs: int, log,
+          paths: list[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "nextok", "serve", "--model", model, "--load-format", "dummy",
-           "--tokenizer", hub.resolve_model("smollm2-135m-instruct"), "--dtype", "float32",
-           "--max-model-len", "2048", "--kv-cache-memory", str(1 << 30), "--max-num-seqs", str(seqs),
-           "--max-num-batched-tokens", "8192", "--port", str(port), "--served-model-name", "tiny"]
-    env = {**os.environ, "PYTHONPATH": tree + (os.pathsep + extra_path if extra_path else "")}
+           "--tokenizer", tokenizer, *serve_args.split(), "--max-model-len", "2048",
+           "--max-num-seqs", str(seqs), "--max-num-batched-tokens", "8192", "--port", str(port),
+           "--served-model-name", "tiny"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, *paths])}
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the server of {tree} exited ({proc.returncode}): see {log.name}")
+            log.flush()
+            with open(log.name) as f:
+                tail = f.read()[-3000:]
+            raise RuntimeError(f"the server of {tree} exited ({proc.returncode}):\n{tail}")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return proc, url
@@ -111,6 +122,11 @@ def main() -> int:
     ap.add_argument("--b", required=True, help="source tree B")
     ap.add_argument("--b-path", default=None,
                     help="a directory of packages B's server imports too (e.g. other event loops)")
+    ap.add_argument("--path", default=None, help="a directory of packages both servers import")
+    ap.add_argument("--config", default=None,
+                    help="a Hugging Face config.json's directory (random weights) instead of the tiny model")
+    ap.add_argument("--tokenizer", default=None, help="default: the default model's")
+    ap.add_argument("--serve-args", default=CPU_ARGS, help=f"more `nextok serve` flags (default: {CPU_ARGS!r})")
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
@@ -122,8 +138,13 @@ def main() -> int:
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, min(40000, args.vocab or 40000), (16,), generator=gen).tolist()
                for _ in range(args.requests)]
+    # (absolute: each server runs in its own tree)
+    tokenizer = os.path.abspath(args.tokenizer) if args.tokenizer else hub.resolve_model("smollm2-135m-instruct")
     with tempfile.TemporaryDirectory() as d:
-        tiny_model(d)
+        if args.config:
+            shutil.copy(os.path.join(args.config, "config.json"), d)
+        else:
+            tiny_model(d)
         if args.vocab:
             with open(os.path.join(d, "config.json")) as f:
                 cfg = json.load(f)
@@ -133,8 +154,8 @@ def main() -> int:
         try:
             for label, tree in (("a", args.a), ("b", args.b)):
                 log = open(os.path.join(d, f"server-{label}.log"), "w")
-                servers[label] = start(os.path.abspath(tree), d, args.requests, log,
-                                       args.b_path if label == "b" else None)
+                paths = [p for p in (args.path, args.b_path if label == "b" else None) if p]
+                servers[label] = start(os.path.abspath(tree), d, tokenizer, args.serve_args, args.requests, log, paths)
                 asyncio.run(load(servers[label][1], prompts[:8], 4, args.stream))  # warm-up
             runs = []
             for r in range(args.rounds):
@@ -150,13 +171,20 @@ def main() -> int:
                 proc.wait(60)
     trees = {label: {"path": os.path.abspath(t), "commit": _commit(t)} for label, t in (("a", args.a), ("b", args.b))}
     trees["b"]["extra_path"] = args.b_path
+    if os.path.abspath(args.b) == ROOT and os.environ.get("NEXTOK_COMMIT"):  # (a copy on the GPU machine)
+        trees["b"]["commit"] = os.environ["NEXTOK_COMMIT"]
     with open(args.out, "w") as f:
         json.dump(header({"requests": args.requests, "tokens": args.tokens, "stream": args.stream, "vocab": args.vocab,
+                          "config": args.config, "serve_args": args.serve_args, "path": args.path,
                           "trees": trees, "runs": runs}), f, indent=1)
     return 0
 
 
 def _commit(tree: str) -> str:
+    """The tree's commit; a copy without its own repository (`git archive`) names it in COMMIT."""
+    if os.path.isfile(os.path.join(tree, "COMMIT")):
+        with open(os.path.join(tree, "COMMIT")) as f:
+            return f.read().strip()
     run = subprocess.run(["git", "-C", tree, "rev-parse", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run(["git", "-C", tree, "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
