@@ -74,7 +74,8 @@ class ServerState:
                streamed: bool = True) -> list[RequestStream]:
         """Admits and queues one engine request per prompt; all or none are queued.
         streamed=False (a response sent whole, read by `collect`): each stream yields only the
-        finished output, so the engine builds no output, and decodes no text, step by step."""
+        finished output, so the engine builds no output step by step, nor (without stop strings)
+        decodes text."""
         if self.draining:
             raise APIError(503, "the server is shutting down", code="shutting_down")
         if self.engine.dead is not None or not self.engine.is_running:
