@@ -31,6 +31,9 @@ class FusedOps:
             self._rope[dtype].argtypes = [_p, _i, _i, _i, _i, _p, _p, _i]
             for fn in (self._norm[dtype], self._silu[dtype], self._rope[dtype]):
                 fn.restype = None
+        self._store = lib.store_kv_rows
+        self._store.argtypes = [_p, _i, ctypes.c_long, ctypes.c_long, ctypes.c_long, _p, _p, _p]
+        self._store.restype = None
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,6 +66,26 @@ class FusedOps:
         cos, sin = cos.to(qkv.dtype).contiguous(), sin.to(qkv.dtype).contiguous()
         self._rope[qkv.dtype](qkv.data_ptr(), qkv.shape[0], qkv.stride(0), num_heads, head_dim,
                    cos.data_ptr(), sin.data_ptr(), torch.get_num_threads())
+
+    def rope_neox_store_kv(self, qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int,
+                           head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
+                           k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           slot_mapping: torch.Tensor) -> None:
+        """rope_neox on the q and k heads of qkv [T, stride], then each row's k and v heads into
+        the caches [num_blocks, block_size, KVH, D] at slot_mapping [T] (-1: not stored), as
+        kernels/ref.py; caches of another dtype (fp8) or layout take ref.py's store."""
+        self.rope_neox(qkv, num_q_heads + num_kv_heads, head_dim, cos, sin)
+        kv = num_kv_heads * head_dim
+        if (k_cache.dtype != qkv.dtype or v_cache.dtype != qkv.dtype or not k_cache.is_contiguous()
+                or not v_cache.is_contiguous() or k_cache.shape[2] * k_cache.shape[3] != kv):
+            from nextok.kernels.ref import store_rotated_kv
+
+            store_rotated_kv(qkv, num_q_heads, num_kv_heads, head_dim, k_cache, v_cache, slot_mapping)
+            return
+        slots = slot_mapping.to(torch.int64).contiguous()
+        es = qkv.element_size()
+        self._store(qkv.data_ptr(), qkv.shape[0], qkv.stride(0) * es, num_q_heads * head_dim * es,
+                    kv * es, k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr())
 
 
 def load_fused_ops() -> FusedOps | None:

@@ -51,12 +51,20 @@ class RefFusedOps:
         into the caches [num_blocks, block_size, KVH, D] at slot_mapping [T] (-1: not stored);
         quantized caches take quantized rows (attention/kv_quant.py)."""
         self.rope_neox(qkv, num_q_heads + num_kv_heads, head_dim, cos, sin)
-        t, kv = qkv.shape[0], num_kv_heads * head_dim
-        k = qkv[:, num_q_heads * head_dim:][:, :kv].reshape(t, num_kv_heads, head_dim)
-        v = qkv[:, num_q_heads * head_dim + kv:][:, :kv].reshape(t, num_kv_heads, head_dim)
-        if kv_quant.is_quantized(k_cache):
-            kv_quant.store(k_cache, v_cache, k, v, slot_mapping)
-            return
-        keep = slot_mapping >= 0
-        for cache, x in ((k_cache, k), (v_cache, v)):
-            cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping[keep], x[keep])
+        store_rotated_kv(qkv, num_q_heads, num_kv_heads, head_dim, k_cache, v_cache, slot_mapping)
+
+
+def store_rotated_kv(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """rope_neox_store_kv's store: the k heads and v heads of each row of qkv [T, stride] into
+    the caches [num_blocks, block_size, KVH, D] at slot_mapping [T] (-1: not stored); quantized
+    caches take quantized rows (attention/kv_quant.py)."""
+    t, kv = qkv.shape[0], num_kv_heads * head_dim
+    k = qkv[:, num_q_heads * head_dim:][:, :kv].reshape(t, num_kv_heads, head_dim)
+    v = qkv[:, num_q_heads * head_dim + kv:][:, :kv].reshape(t, num_kv_heads, head_dim)
+    if kv_quant.is_quantized(k_cache):
+        kv_quant.store(k_cache, v_cache, k, v, slot_mapping)
+        return
+    keep = slot_mapping >= 0
+    for cache, x in ((k_cache, k), (v_cache, v)):
+        cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping[keep], x[keep])

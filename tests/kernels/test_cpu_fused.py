@@ -76,3 +76,48 @@ def test_bfloat16_kernels_round_where_the_torch_ops_do(rows):
     ref.rope_neox(want_qkv, 8, 64, cos, sin)
     OPS.rope_neox(qkv, 8, 64, cos, sin)
     assert torch.equal(qkv, want_qkv)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 6, 40])
+def test_rope_and_kv_store_in_one_call(dtype, rows):
+    """rope_neox_store_kv: the rotated k heads and the v heads land in the caches' rows at their
+    slots (-1: a row not stored), bit for bit what rope_neox and then the reference store write;
+    nothing else in the caches changes."""
+    from nextok.kernels.ref import store_rotated_kv
+
+    heads, kv_heads, d, blocks, bs = 9, 3, 64, 6, 16
+    gen = torch.Generator().manual_seed(rows)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * d + 8, generator=gen).to(dtype)[:, :-8]  # strided rows
+    angles = torch.rand(rows, d // 2, generator=gen) * 50
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    slots = torch.randperm(blocks * bs, generator=gen)[:rows]
+    slots[::5] = -1
+    caches = [torch.randn(blocks, bs, kv_heads, d, generator=gen).to(dtype) for _ in range(2)]
+    want_qkv, want = qkv.clone(), [c.clone() for c in caches]
+    OPS.rope_neox(want_qkv, heads + kv_heads, d, cos, sin)
+    store_rotated_kv(want_qkv, heads, kv_heads, d, *want, slots)
+    OPS.rope_neox_store_kv(qkv, heads, kv_heads, d, cos, sin, *caches, slots)
+    assert torch.equal(qkv, want_qkv)
+    assert all(torch.equal(got, w) for got, w in zip(caches, want))
+    kept = slots[slots >= 0]
+    assert torch.equal(caches[1].view(-1, kv_heads * d)[kept],
+                       qkv[slots >= 0, (heads + kv_heads) * d:])  # the v heads, as they came
+
+
+def test_rope_and_kv_store_into_an_fp8_cache_take_the_reference_store():
+    from nextok.kernels.ref import RefFusedOps
+
+    heads, kv_heads, d = 4, 2, 32
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(3, (heads + 2 * kv_heads) * d, generator=gen)
+    angles = torch.rand(3, d // 2, generator=gen)
+    slots = torch.tensor([5, -1, 17])
+    got = [torch.zeros(4, 8, kv_heads, d, dtype=torch.float8_e4m3fn) for _ in range(2)]
+    want = [c.clone() for c in got]
+    want_qkv = qkv.clone()
+    RefFusedOps().rope_neox_store_kv(want_qkv, heads, kv_heads, d, angles.cos(), angles.sin(), *want, slots)
+    OPS.rope_neox_store_kv(qkv, heads, kv_heads, d, angles.cos(), angles.sin(), *got, slots)
+    torch.testing.assert_close(qkv, want_qkv, rtol=1e-6, atol=1e-6)
+    assert all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want))
+    assert got[0].view(torch.uint8).view(-1, kv_heads * d)[5].any()
