@@ -32,8 +32,8 @@ class FusedOps:
             for fn in (self._norm[dtype], self._silu[dtype], self._rope[dtype]):
                 fn.restype = None
         self._store = lib.store_kv_rows
-        self._store.argtypes = [_p, _i, ctypes.c_long, ctypes.c_long, ctypes.c_long, _p, _p, _p]
-        self._store.restype = None
+        self._store.argtypes = [_p, _i, ctypes.c_long, ctypes.c_long, ctypes.c_long, _p, _p, _p, ctypes.c_int64]
+        self._store.restype = _i
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,8 +84,10 @@ class FusedOps:
             return
         slots = slot_mapping.to(torch.int64).contiguous()
         es = qkv.element_size()
-        self._store(qkv.data_ptr(), qkv.shape[0], qkv.stride(0) * es, num_q_heads * head_dim * es,
-                    kv * es, k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr())
+        rows = k_cache.shape[0] * k_cache.shape[1]
+        if self._store(qkv.data_ptr(), qkv.shape[0], qkv.stride(0) * es, num_q_heads * head_dim * es,
+                       kv * es, k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), rows) != 0:
+            raise IndexError(f"a KV slot is past the cache's {rows} rows: {slots.max().item()}")
 
 
 def load_fused_ops() -> FusedOps | None:

@@ -103,6 +103,10 @@ def test_rope_and_kv_store_in_one_call(dtype, rows):
     kept = slots[slots >= 0]
     assert torch.equal(caches[1].view(-1, kv_heads * d)[kept],
                        qkv[slots >= 0, (heads + kv_heads) * d:])  # the v heads, as they came
+    before = [c.clone() for c in caches]
+    with pytest.raises(IndexError, match="past the cache"):  # nothing written, nothing overrun
+        OPS.rope_neox_store_kv(qkv, heads, kv_heads, d, cos, sin, *caches, torch.full((rows,), blocks * bs))
+    assert all(torch.equal(c, b) for c, b in zip(caches, before))
 
 
 def test_rope_and_kv_store_into_an_fp8_cache_take_the_reference_store():

@@ -205,9 +205,12 @@ void rope_neox_bf16(uint16_t *qkv, int rows, int stride, int n_heads, int d, con
 /* A step's new keys and values into the paged caches, rows of `kv_bytes` bytes (KVH * D values
  * of either dtype): the k heads start at byte `k_off` of each qkv row, the v heads right after.
  * After rope_neox, this is the KV store of a layer without the two index_copy_ calls (~12 us a
- * layer at one token on the AVX2 machine, of a ~16 ms step). */
-void store_kv_rows(const char *qkv, int rows, long stride_bytes, long k_off, long kv_bytes,
-                   char *k_cache, char *v_cache, const int64_t *slots) {
+ * layer at one token on the AVX2 machine, of a ~16 ms step). Returns -1 for a slot past the
+ * caches' rows. */
+int store_kv_rows(const char *qkv, int rows, long stride_bytes, long k_off, long kv_bytes,
+                  char *k_cache, char *v_cache, const int64_t *slots, int64_t cache_rows) {
+    for (int t = 0; t < rows; t++)  /* checked first: nothing is written for a bad slot */
+        if (slots[t] >= cache_rows) return -1;
     for (int t = 0; t < rows; t++) {
         const int64_t s = slots[t];
         if (s < 0) continue;
@@ -215,4 +218,5 @@ void store_kv_rows(const char *qkv, int rows, long stride_bytes, long k_off, lon
         memcpy(k_cache + (size_t)s * kv_bytes, k, (size_t)kv_bytes);
         memcpy(v_cache + (size_t)s * kv_bytes, k + kv_bytes, (size_t)kv_bytes);
     }
+    return 0;
 }
