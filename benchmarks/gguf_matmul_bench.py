@@ -10,7 +10,7 @@ alternate, so a noisy neighbour hits them alike; /proc/loadavg is printed before
     PYTHONPATH=. .venv/bin/python benchmarks/gguf_matmul_bench.py [--model FILE] [ROWS ...] > benchmarks/results/DATE-gguf-matmul-cpu.txt
 """
 import collections, sys, time, numpy as np, torch
-from nextok import hub
+from nextok import hub, platform
 from nextok.model.gguf import GGUFFile
 from nextok.model.gguf_format import dequantize
 from nextok.kernels.cpu_gguf_linear import BlockLinear, GGUFBlockLinear, load_gguf_matmul, supported_types, type_name
@@ -40,6 +40,7 @@ class RowAtATime:
         return y
 
 
+BF16 = torch.backends.mkldnn.is_available() and "avx512_bf16" in platform.cpu_flags() or "avx_ne_convert" in platform.cpu_flags()
 with open(path, "rb") as f:
     for name, info in g.tensor_infos.items():
         if info.type_id not in supported_types() or len(info.shape) != 2: continue
@@ -53,7 +54,8 @@ with open(path, "rb") as f:
         # what --gguf-blocks-only runs past its row limit: dequantize into a scratch, oneDNN GEMM
         modes["dequant+fp32"].append((BlockLinear(modes["blocks fp32"][-1][0], max_rows=0), k))
         modes["oneDNN fp32"].append((PackedLinear(w, None), k))
-        modes["oneDNN bf16"].append((PackedLinear(w.bfloat16(), None), k))
+        if BF16:  # oneDNN packs bf16 weights only where the CPU computes in bf16 (AVX-512 BF16, AVX-NE-CONVERT)
+            modes["oneDNN bf16"].append((PackedLinear(w.bfloat16(), None), k))
 h = common.header()
 print(common.machine_line(h['machine']), '| commit', h['commit'], '| benchmarks/gguf_matmul_bench.py', ' '.join(sys.argv[1:]))
 print(path.rsplit('/', 1)[-1], ':', len(modes["blocks int8"]), 'matrices', dict(types), '(the embedding is the tied lm_head); median of 7 passes; 2 threads')

@@ -10,10 +10,11 @@ float32 weights are 6x (Q4_1) or 3.8x (Q8_0) the bytes of the blocks. Two kernel
   int8 (--gguf-activations int8; `auto` on a bfloat16 model): each row of x is quantized per 32
     values to int8 with a float scale, as llama.cpp does, and each block's dot product is an
     integer one (VNNI); ~2x faster at one row, relative error ~1e-3 per layer output. Q4_0, Q4_1
-    and Q8_0 on AVX-512 VNNI: the blocks regrouped 16 weight rows at a time at load
-    (csrc/gguf_rows16.c), so 8 rows cost 1.4x one row (2.6x read a row at a time), and a row's
-    result does not depend on the batch up to the row limit. Elsewhere (other types, AVX2) a
-    row at a time, where 2+ rows sum in another order than 1 on AVX-512. Steps of more rows than
+    and Q8_0 on AVX-512 VNNI or AVX2: the blocks regrouped 16 weight rows at a time at load
+    (csrc/gguf_rows16.c, csrc/gguf_rows16_avx2.h, the same results on both), so 8 rows cost 1.4x
+    one row on AVX-512 (2.6x read a row at a time), and a row's result does not depend on the
+    batch up to the row limit. Other types (and CPUs without AVX2) a row at a time, where 2+
+    rows sum in another order than 1 on AVX-512. Steps of more rows than
     the blocks take go to the dense weights.
 `BlockOrDenseLinear` puts them in the model: blocks for decode-sized steps (weight-read bound), the
 float32 layer for prefill (compute bound, where oneDNN's packed GEMM is faster than dequantizing
@@ -79,6 +80,14 @@ INT8_BF16_DENSE_MAX_ROWS = 8
 # each block call, x quantized on one thread) 32-row steps on the blocks were 3 % slower than
 # none (6.76 vs 6.57 s; a server comparison read 0.93x,
 # benchmarks/results/2026-12-05-compare-bf16-blocks-vs-bf16-dense-c32-rows16.md).
+# On the 2-core AMD EPYC (AVX2 only, csrc/gguf_rows16_avx2.h), the same passes, ms
+# (benchmarks/results/2026-12-07-gguf-rows16-avx2-cpu.txt):
+#   rows                  1     2     4     8    16    32
+#   int8, 16 rows         7.3   7.8  10.2  18.4  27.7  48.5
+#   int8, a row at a time 8.2  10.9  16.8  30.4  53.8 107.7   (gguf_matmul_q8, direct)
+#   oneDNN float32       36.7  33.2  39.2  46.5  58.6  87.7
+# (at one row most of the 7.3 ms is the 211 calls' own cost: one Q4_1 gate_up of the 60 alone,
+# out of cache, 55 us against 80; in cache 27 against 93), so the same row limits hold there.
 ROWS16_TYPES = (2, 3, 8)
 ROWS16_DENSE_MAX_ROWS = 48
 ROWS16_BF16_DENSE_MAX_ROWS = 32
@@ -111,11 +120,11 @@ _rows16_lib: list = []
 
 def _rows16() -> dict[str, object] | None:
     """{"pack", "matmul", "dequant"} of csrc/gguf_rows16.c where this CPU runs its int8 kernel
-    (AVX-512 VNNI), else None."""
+    (AVX-512 VNNI or AVX2), else None."""
     if not _rows16_lib:
         lib = cpu_build.load("gguf_rows16")
         fns = None
-        if lib is not None and lib.gguf_rows16_ready() == 1:
+        if lib is not None and lib.gguf_rows16_ready() != 0:
             pack, mm, deq = lib.gguf_rows16_pack, lib.gguf_rows16_matmul_q8, lib.gguf_rows16_dequant_f32
             mm16 = lib.gguf_rows16_matmul_q8_bf16
             pack.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]

@@ -205,7 +205,7 @@ def _rows16_or_skip():
     from nextok.kernels.cpu_gguf_linear import _rows16
 
     if _rows16() is None:
-        pytest.skip("no AVX-512 VNNI: the int8 layers keep the one-row-at-a-time kernel")
+        pytest.skip("no AVX2: the int8 layers keep the one-row-at-a-time kernel")
 
 
 @pytest.mark.parametrize("type_id", [2, 3, 8])
@@ -242,11 +242,15 @@ def test_rows16_a_row_gives_the_same_result_in_any_batch(type_id):
 
 
 @pytest.mark.parametrize("name", ["avx2", "portable"])
-def test_rows16_builds_without_avx512_vnni_and_says_so(name, tmp_path):
-    """Where the regrouped kernel cannot run, its source still builds, reports it (the layers then
-    keep the blocks as they are), and its regrouping and dequantization are plain C."""
+def test_rows16_builds_without_avx512_vnni(name, tmp_path):
+    """AVX2 without VNNI runs the regrouped kernel too (csrc/gguf_rows16_avx2.h), with this
+    machine's build's results bit for bit (AVX-512 VNNI's where it has it), float32 and bfloat16;
+    a portable build says it has no kernel (the layers then keep the blocks as they are). Both
+    regroup and dequantize in plain C."""
+    from nextok.kernels.cpu_gguf_linear import _rows16
+
     lib = build_restricted(name, tmp_path, "gguf_rows16")
-    assert lib.gguf_rows16_ready() == 0
+    assert lib.gguf_rows16_ready() == (1 if name == "avx2" else 0)
     for type_id in (2, 3, 8):
         n, k = 21, 128
         blocks = random_blocks(type_id, n, k, seed=type_id)
@@ -258,6 +262,24 @@ def test_rows16_builds_without_avx512_vnni_and_says_so(name, tmp_path):
         assert lib.gguf_rows16_dequant_f32(ctypes.c_void_p(packed.data_ptr()), type_id, n, k,
                                            ctypes.c_void_p(out.data_ptr()), 2) == 0
         assert torch.equal(out, dequantized(blocks, type_id, n, k))
+    if name != "avx2":
+        return
+    native = _rows16()
+    assert native is not None  # this machine has AVX2 at least (build_restricted skips otherwise)
+    for fn in (lib.gguf_rows16_matmul_q8, lib.gguf_rows16_matmul_q8_bf16):
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    for type_id, n, k, rows in ((3, 37, 576, 1), (2, 45, 1536, 6), (8, 21, 128, 9), (3, 16, 64, 4)):
+        layer = GGUFBlockLinear(random_blocks(type_id, n, k, seed=n), type_id, n, k, activations="int8")
+        ptr = layer.segments[0].ptr
+        x = activations(rows, k, seed=rows) * 4
+        for dtype, fn, key in ((torch.float32, lib.gguf_rows16_matmul_q8, "matmul"),
+                               (torch.bfloat16, lib.gguf_rows16_matmul_q8_bf16, "matmul_bf16")):
+            xd = x.to(dtype)
+            want, got = torch.empty(rows, n, dtype=dtype), torch.full((rows, n), 7.0, dtype=dtype)
+            assert native[key](xd.data_ptr(), rows, k, ptr, type_id, n, want.data_ptr(), 2) == 0
+            assert fn(xd.data_ptr(), rows, k, ptr, type_id, n, got.data_ptr(), 2) == 0
+            assert torch.equal(got, want), (type_id, rows, dtype)
 
 
 @pytest.mark.parametrize("type_id", [2, 3, 8])

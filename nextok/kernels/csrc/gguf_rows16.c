@@ -1,6 +1,7 @@
 /* GGUF blocks (Q4_0, Q4_1, Q8_0) regrouped sixteen weight rows at a time, and y = x @ W^T on them
- * through int8 activations on AVX-512 VNNI: gguf_matmul.c's gguf_matmul_q8 arithmetic, at a cost
- * that hardly grows with the rows of x.
+ * through int8 activations on AVX-512 VNNI (here) or AVX2 (gguf_rows16_avx2.h, the same results
+ * bit for bit): gguf_matmul.c's gguf_matmul_q8 arithmetic, at a cost that hardly grows with the
+ * rows of x.
  *
  * Why: gguf_matmul_q8 dots one weight row with one row of x at a time (per block and row: a
  * vpdpbusd, a convert, two FMAs; per output a horizontal sum), so 8 rows of x (a verify step of
@@ -93,19 +94,17 @@ int gguf_rows16_dequant_f32(const uint8_t *p, int type, int n, int k, float *out
     return 0;
 }
 
+#define PREFETCH_BYTES 8192
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #include <immintrin.h>
-
+#define ROWS16_KERNEL 3  /* gguf_rows16_ready()'s answer: AVX-512 VNNI */
 #define ROWS_PER_PASS 16  /* rows of x per pass over the weights (accumulators in registers) */
-#define PREFETCH_BYTES 8192
-
-int gguf_rows16_ready(void) { return 1; }
 
 /* quantize_x_block (gguf_common.h) on 16-wide registers, the same results: d = max|x| / 127,
  * q = x * (1 / d) rounded half to even (the default rounding mode, as nearbyintf). The scalar
  * loop cost ~40 ns a block, a few percent of a step at 8 rows. x: 32 float32, or 32 bfloat16
  * (raw bits) widened exactly, so a bfloat16 x quantizes as its float32 copy would. Returns sum(q). */
-static inline int quantize_block16(const void *x, int bf16, int8_t *qp, float *d_out) {
+static inline int quantize_block(const void *x, int bf16, int8_t *qp, float *d_out) {
     __m512 x0, x1;
     if (bf16) {
         const uint16_t *h = x;
@@ -194,6 +193,16 @@ static inline __attribute__((always_inline)) void group16(
     }
 }
 
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define ROWS16_KERNEL 1  /* AVX2 */
+#define ROWS_PER_PASS 4  /* 16 ymm registers: accumulators, 16-bit sums and the weights */
+#include "gguf_rows16_avx2.h"
+#endif
+
+#ifdef ROWS16_KERNEL
+/* 0: no kernel here (the layers keep gguf_matmul_q8); 1: AVX2; 3: AVX-512 VNNI */
+int gguf_rows16_ready(void) { return ROWS16_KERNEL; }
+
 static inline __attribute__((always_inline)) void groups_typed(
         const int8_t *xq, const float *xd, const float *xs, const int *sq, int m_rows, int k,
         const uint8_t *p, const int type, int n, void *y, int y_bf16, int g0, int g1) {
@@ -202,10 +211,13 @@ static inline __attribute__((always_inline)) void groups_typed(
             const int M = m_rows - r0 < ROWS_PER_PASS ? m_rows - r0 : ROWS_PER_PASS;
             switch (M) {
 #define G16(MM) group16(xq, xd, xs, sq, k, p, type, n, y, y_bf16, g, r0, MM); break
-            case 1: G16(1); case 2: G16(2); case 3: G16(3); case 4: G16(4);
-            case 5: G16(5); case 6: G16(6); case 7: G16(7); case 8: G16(8);
+            case 1: G16(1); case 2: G16(2); case 3: G16(3);
+#if ROWS_PER_PASS > 4
+            case 4: G16(4); case 5: G16(5); case 6: G16(6); case 7: G16(7); case 8: G16(8);
             case 9: G16(9); case 10: G16(10); case 11: G16(11); case 12: G16(12);
-            case 13: G16(13); case 14: G16(14); case 15: G16(15); default: G16(16);
+            case 13: G16(13); case 14: G16(14); case 15: G16(15);
+#endif
+            default: G16(ROWS_PER_PASS);
 #undef G16
             }
         }
@@ -234,7 +246,7 @@ static int rows16_matmul(const void *x, int x_bf16, int m_rows, int k, const uin
 #pragma omp for schedule(static)
         for (size_t i = 0; i < ns; i++) {
             const void *xb = x_bf16 ? (const void *)((const uint16_t *)x + i * 32) : (const void *)((const float *)x + i * 32);
-            sq[i] = quantize_block16(xb, x_bf16, xq + i * 32, &xd[i]);
+            sq[i] = quantize_block(xb, x_bf16, xq + i * 32, &xd[i]);
             xs[i] = xd[i] * (float)sq[i];
         }  /* (the loop's barrier: every block quantized before any group reads it) */
         const int nt = omp_get_num_threads(), t = omp_get_thread_num();
