@@ -94,6 +94,7 @@ class LlamaForCausalLM(nn.Module):
         self._linear_ops = None  # the fused ops' `linear` for the tied lm_head (set_fused_ops)
         self.lm_head_quantized = False  # --quantize-lm-head made lm_head a quantized copy of the
         # tied embedding (quant/base.py): memory of its own
+        self.decode_layers = None  # every layer of a decode step in one C call (use_gguf_blocks)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
@@ -101,6 +102,8 @@ class LlamaForCausalLM(nn.Module):
         # input_ids, positions: [T] -> hidden states [T, hidden]
         x = self.embed_tokens(input_ids)
         rope_cos_sin = self.rope.table(positions, x.dtype)  # shared by every layer
+        if self.decode_layers is not None and self.decode_layers.takes(meta, x.shape[0], kv_caches):
+            return self.norm(*self.decode_layers.run(x, *rope_cos_sin, kv_caches, meta))[0]
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, rope_cos_sin, kv_cache, meta, self.backend)
@@ -184,6 +187,9 @@ class LlamaForCausalLM(nn.Module):
             setattr(parent, attr, BlockOrDenseLinear(dense, layer, dense_rows) if keep_dense
                     else BlockLinear(layer))
             swapped += 1
+        from nextok.kernels.cpu_decode import DecodeLayers
+
+        self.decode_layers = DecodeLayers.for_model(self)
         return swapped
 
     def use_gguf_device_blocks(self, blocks: Iterable[tuple[str, int, torch.Tensor]],

@@ -1,0 +1,131 @@
+"""A decode step's decoder layers in one C call (csrc/decode_layers.c) on CPU, for a float32
+model whose linear layers all read GGUF blocks: the kernels the Python layers call one by one,
+called from C in the same order with the same arguments (the same results, bit for bit), so the
+~330 calls of a one-token step lose the Python and torch work around them.
+
+It takes a step only when every query is one decoding token, the rows fit the block kernels'
+limit (the Python layers would switch to the dense weights past it) and the KV cache holds
+float32 rows; any other step, and any other model, runs the Python layers.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from nextok.kernels import cpu_build
+
+_p, _i, _f, _i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
+L_COUNT = 16  # one layer's row of the table (csrc/decode_layers.c's L_* order)
+
+
+def _address(fn) -> int:
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def _blocks_of(linear):
+    """A linear layer's one-part GGUF blocks without bias (kernels/cpu_gguf_linear.py's
+    BlockOrDenseLinear or BlockLinear), as (segment, rows it may take in one call), else None."""
+    from nextok.kernels.cpu_gguf_linear import BlockLinear, BlockOrDenseLinear
+
+    if not isinstance(linear, (BlockLinear, BlockOrDenseLinear)):
+        return None
+    blocks = linear.blocks
+    if len(blocks.segments) != 1 or blocks.bias is not None:
+        return None
+    return blocks.segments[0], min(linear.max_rows, blocks.rows_per_call)
+
+
+class DecodeLayers:
+    """Bound to one model (LlamaForCausalLM) by `for_model`; `takes(meta, rows)` says whether a
+    step can run here, `run(x, cos, sin, kv_caches, meta)` runs every layer on it."""
+
+    def __init__(self, lib, model, fused, decode_kernel, layer_rows: list[list], max_rows: int):
+        cfg = model.config
+        self._fn = lib.decode_layers
+        self._fn.restype = _i
+        self._fn.argtypes = [_p, _p, _i, _p, _f, _f, _p, _p, _p, _p, _p, _p, _p, _i64]
+        self.num_layers = len(model.layers)
+        self.fns = torch.tensor([_address(fused._norm[torch.float32]), _address(fused._silu[torch.float32]),
+                                 _address(fused._rope[torch.float32]), _address(fused._store),
+                                 _address(decode_kernel[torch.float32])], dtype=torch.int64)
+        self.table = torch.tensor(layer_rows, dtype=torch.int64)  # [layers, L_COUNT]
+        self.max_rows = max_rows  # the fewest rows any layer's blocks take in one call
+        attn = model.layers[0].self_attn
+        self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        self.hidden, self.inter, self.scale = cfg.hidden_size, cfg.intermediate_size, attn.scale
+        self.eps = model.layers[0].input_layernorm.eps
+        self._caches_at = None  # the first layer's K cache pointer the table was filled for
+
+    @classmethod
+    def for_model(cls, model) -> "DecodeLayers | None":
+        """A DecodeLayers for `model` if it qualifies (float32, C fused ops and C paged decode,
+        every layer's qkv, o, gate_up and down on one-part GGUF blocks without bias), else None."""
+        if model.embed_tokens.weight.dtype != torch.float32 or not hasattr(model.backend, "decode_kernel"):
+            return None
+        decode_kernel = model.backend.decode_kernel
+        fused = model.layers[0].self_attn.fused
+        if decode_kernel is None or fused is None or not hasattr(fused, "_store"):
+            return None
+        lib = cpu_build.load("decode_layers")
+        if lib is None or lib.decode_layers_count() != (5 << 16) | (L_COUNT << 8) | 10:
+            return None
+        rows, limit = [], 1 << 30
+        for layer in model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            if attn.fused is not fused or not attn.store_kv_in_rope:
+                return None
+            row = [layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(), 0, 0]
+            for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+                found = _blocks_of(linear)
+                if found is None:
+                    return None
+                seg, most = found
+                limit = min(limit, most)
+                row += [_address(seg.fn), seg.ptr, seg.type_id]
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                if not norm.weight.is_contiguous() or norm.eps != model.layers[0].input_layernorm.eps:
+                    return None
+            rows.append(row)
+        return cls(lib, model, fused, decode_kernel, rows, limit)
+
+    def takes(self, meta, rows: int, kv_caches) -> bool:
+        """Is this step decoding only (one token per query), within the row limit, on float32
+        caches?"""
+        if rows > self.max_rows or meta.num_decode != rows or meta.prefills:
+            return False
+        k = kv_caches[0][0]
+        return k.dtype == torch.float32 and k.is_contiguous() and k.shape[2] * k.shape[3] == self.kv_heads * self.head_dim
+
+    def _bind_caches(self, kv_caches) -> None:
+        for i, (k, v) in enumerate(kv_caches):
+            if not (k.is_contiguous() and v.is_contiguous() and k.dtype == v.dtype == torch.float32):
+                raise ValueError("the C decode layers read contiguous float32 caches")
+            self.table[i, 2], self.table[i, 3] = k.data_ptr(), v.data_ptr()
+        self._caches_at = kv_caches[0][0].data_ptr()
+
+    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches, meta):
+        """x [T, hidden] float32, the embeddings (overwritten) -> (the last layer's MLP output,
+        the residual stream), as the Python layers return them; cos, sin [T, 1, D/2]."""
+        if self._caches_at != kv_caches[0][0].data_ptr():
+            self._bind_caches(kv_caches)
+        t = x.shape[0]
+        k_cache = kv_caches[0][0]
+        cos, sin = cos.contiguous(), sin.contiguous()
+        tables = meta.decode_block_tables.contiguous()
+        lens = meta.decode_context_lens.contiguous()
+        slots = meta.slot_mapping.to(torch.int64).contiguous()
+        residual = torch.empty_like(x)
+        dims = (_i * 10)(t, self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter,
+                         k_cache.shape[1], tables.shape[1], meta.sliding_window or 0,
+                         torch.get_num_threads())
+        rc = self._fn(self.fns.data_ptr(), self.table.data_ptr(), self.num_layers, dims, self.eps,
+                      self.scale, x.data_ptr(), residual.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                      slots.data_ptr(), tables.data_ptr(), lens.data_ptr(), k_cache.shape[0] * k_cache.shape[1])
+        if rc == -1:
+            raise IndexError(f"a KV slot is past the cache's {k_cache.shape[0] * k_cache.shape[1]} rows: "
+                             f"{slots.max().item()}")
+        if rc != 0:
+            raise RuntimeError(f"the C decode layers failed ({rc}: 1 no memory, -2 the attention "
+                               f"kernel, 2 + n a block matmul's code n)")
+        return x, residual

@@ -1,0 +1,71 @@
+"""Decode steps through every layer in one C call (kernels/cpu_decode.py, csrc/decode_layers.c)
+on the default model: the same kernels in the same order as the Python layers, so the same
+tokens and the same logprobs, bit for bit; steps it cannot take run the Python layers."""
+from __future__ import annotations
+
+import pytest
+
+from nextok import LLM, SamplingParams
+from tests.prompts import PROMPTS
+
+
+def run_both(llm, prompts, batch, max_tokens=12):
+    """Greedy outputs (token ids, logprobs) with the C decode layers, then with the Python
+    layers, and how many steps the C call took."""
+    model = llm.engine.runner.model
+    bound = model.decode_layers
+    calls = []
+    real_run = bound.run
+    bound.run = lambda *a: calls.append(a[0].shape[0]) or real_run(*a)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=3)
+
+    def outputs():
+        out = []
+        for i in range(0, len(prompts), batch):
+            out += [r.outputs[0] for r in llm.generate(prompts[i:i + batch], params)]
+        return [(o.token_ids, [(lp.logprob, lp.top) for lp in o.logprobs]) for o in out]
+
+    try:
+        with_c = outputs()
+        model.decode_layers = None
+        without = outputs()
+    finally:
+        model.decode_layers = bound
+        bound.run = real_run
+    return with_c, without, calls
+
+
+@pytest.mark.parametrize("activations", ["int8", "float32"])
+def test_c_decode_layers_equal_the_python_layers(model_path, activations):
+    llm = LLM(model=model_path, gguf_activations=activations, kv_cache_memory=64 << 20,
+              enable_prefix_caching=False)  # both runs prefill alike
+    assert llm.engine.runner.model.decode_layers is not None
+    with_c, without, calls = run_both(llm, PROMPTS[:6], batch=3)
+    assert with_c == without
+    # every decode step of 1-3 rows went through the C call: 11 per prompt batch after the prefill
+    assert len(calls) == 2 * 11 and set(calls) <= {1, 2, 3}
+
+
+def test_steps_past_the_row_limit_run_the_python_layers(model_path):
+    """float32 blocks take at most 8 rows per step: a step of 10 decoding sequences runs the
+    Python layers (and their dense weights), and still gives the same outputs."""
+    llm = LLM(model=model_path, gguf_activations="float32", kv_cache_memory=64 << 20,
+              enable_prefix_caching=False)
+    assert llm.engine.runner.model.decode_layers.max_rows == 8
+    with_c, without, calls = run_both(llm, PROMPTS[:10], batch=10, max_tokens=4)
+    assert with_c == without
+    assert calls == []
+
+
+@pytest.mark.parametrize("kwargs", [{"dtype": "bfloat16"}, {"gguf_blocks": False},
+                                    {"kv_cache_dtype": "int8"}])
+def test_models_without_the_c_path_keep_the_python_layers(model_path, kwargs):
+    llm = LLM(model=model_path, kv_cache_memory=64 << 20, **kwargs)
+    model = llm.engine.runner.model
+    if model.decode_layers is not None:  # an int8 cache: bound, but never taken
+        assert kwargs == {"kv_cache_dtype": "int8"}
+        calls = []
+        real_run = model.decode_layers.run
+        model.decode_layers.run = lambda *a: calls.append(1) or real_run(*a)
+        llm.generate(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=4))
+        assert calls == []
