@@ -55,7 +55,10 @@ class DecodeLayers:
         self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         self.hidden, self.inter, self.scale = cfg.hidden_size, cfg.intermediate_size, attn.scale
         self.eps = model.layers[0].input_layernorm.eps
-        self._caches_at = None  # the first layer's K cache pointer the table was filled for
+        # the table with each KV pool's cache pointers, by its first and last caches' addresses
+        # and its layers: the target's pool, and a self-draft's (its first L layers, as
+        # zip(layers, caches) runs L in Python)
+        self._tables: dict[tuple[int, int, int], torch.Tensor] = {}
 
     @classmethod
     def for_model(cls, model) -> "DecodeLayers | None":
@@ -97,18 +100,24 @@ class DecodeLayers:
         k = kv_caches[0][0]
         return k.dtype == torch.float32 and k.is_contiguous() and k.shape[2] * k.shape[3] == self.kv_heads * self.head_dim
 
-    def _bind_caches(self, kv_caches) -> None:
-        for i, (k, v) in enumerate(kv_caches):
-            if not (k.is_contiguous() and v.is_contiguous() and k.dtype == v.dtype == torch.float32):
-                raise ValueError("the C decode layers read contiguous float32 caches")
-            self.table[i, 2], self.table[i, 3] = k.data_ptr(), v.data_ptr()
-        self._caches_at = kv_caches[0][0].data_ptr()
+    def _table_for(self, kv_caches) -> torch.Tensor:
+        key = (kv_caches[0][0].data_ptr(), kv_caches[-1][1].data_ptr(), len(kv_caches))
+        table = self._tables.get(key)
+        if table is None:
+            if len(kv_caches) > self.num_layers:
+                raise ValueError(f"{len(kv_caches)} KV caches for {self.num_layers} layers")
+            table = self.table[:len(kv_caches)].clone()
+            for i, (k, v) in enumerate(kv_caches):
+                if not (k.is_contiguous() and v.is_contiguous() and k.dtype == v.dtype == torch.float32):
+                    raise ValueError("the C decode layers read contiguous float32 caches")
+                table[i, 2], table[i, 3] = k.data_ptr(), v.data_ptr()
+            self._tables[key] = table
+        return table
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches, meta):
         """x [T, hidden] float32, the embeddings (overwritten) -> (the last layer's MLP output,
         the residual stream), as the Python layers return them; cos, sin [T, 1, D/2]."""
-        if self._caches_at != kv_caches[0][0].data_ptr():
-            self._bind_caches(kv_caches)
+        table = self._table_for(kv_caches)
         t = x.shape[0]
         k_cache = kv_caches[0][0]
         cos, sin = cos.contiguous(), sin.contiguous()
@@ -119,7 +128,7 @@ class DecodeLayers:
         dims = (_i * 10)(t, self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter,
                          k_cache.shape[1], tables.shape[1], meta.sliding_window or 0,
                          torch.get_num_threads())
-        rc = self._fn(self.fns.data_ptr(), self.table.data_ptr(), self.num_layers, dims, self.eps,
+        rc = self._fn(self.fns.data_ptr(), table.data_ptr(), table.shape[0], dims, self.eps,
                       self.scale, x.data_ptr(), residual.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                       slots.data_ptr(), tables.data_ptr(), lens.data_ptr(), k_cache.shape[0] * k_cache.shape[1])
         if rc == -1:

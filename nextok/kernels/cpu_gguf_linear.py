@@ -82,11 +82,11 @@ INT8_BF16_DENSE_MAX_ROWS = 8
 # benchmarks/results/2026-12-05-compare-bf16-blocks-vs-bf16-dense-c32-rows16.md).
 # On the 2-core AMD EPYC (AVX2 only, csrc/gguf_rows16_avx2.h), the same passes, ms
 # (benchmarks/results/2026-12-07-gguf-rows16-avx2-cpu.txt):
-#   rows                  1     2     4     8    16    32
-#   int8, 16 rows         7.3   7.8  10.2  18.4  27.7  48.5
-#   int8, a row at a time 8.2  10.9  16.8  30.4  53.8 107.7   (gguf_matmul_q8, direct)
-#   oneDNN float32       36.7  33.2  39.2  46.5  58.6  87.7
-# (at one row most of the 7.3 ms is the 211 calls' own cost: one Q4_1 gate_up of the 60 alone,
+#   rows                  1     2     4     8    16    32    48
+#   int8, 16 rows         6.4   6.9   8.2  13.3  23.6  45.1  65.6
+#   int8, a row at a time 7.4   9.9  13.6  25.2  48.8  96.7 146.8   (gguf_matmul_q8, direct)
+#   oneDNN float32       31.3  34.5  37.8  46.9  59.6  83.7 116.5
+# (at one row much of the 6.4 ms is the 211 calls' own cost: one Q4_1 gate_up alone, 60 copies
 # out of cache, 55 us against 80; in cache 27 against 93), so the same row limits hold there.
 ROWS16_TYPES = (2, 3, 8)
 ROWS16_DENSE_MAX_ROWS = 48
