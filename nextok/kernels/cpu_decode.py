@@ -1,11 +1,11 @@
-"""A decode step's decoder layers in one C call (csrc/decode_layers.c) on CPU, for a float32
-model whose linear layers all read GGUF blocks: the kernels the Python layers call one by one,
+"""A decode step's decoder layers in one C call (csrc/decode_layers.c) on CPU, for a float32 or
+bfloat16 model whose linear layers all read GGUF blocks: the kernels the Python layers call one by one,
 called from C in the same order with the same arguments (the same results, bit for bit), so the
 ~330 calls of a one-token step lose the Python and torch work around them.
 
 It takes a step only when every query is one decoding token, the rows fit the block kernels'
-limit (the Python layers would switch to the dense weights past it) and the KV cache holds
-float32 rows; any other step, and any other model, runs the Python layers.
+limit (the Python layers would switch to the dense weights past it) and the KV cache holds rows
+of the model's dtype; any other step, and any other model, runs the Python layers.
 """
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ def _address(fn) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
-def _blocks_of(linear):
+def _blocks_of(linear, dtype: torch.dtype):
     """A linear layer's one-part GGUF blocks without bias (kernels/cpu_gguf_linear.py's
-    BlockOrDenseLinear or BlockLinear), as (segment, rows it may take in one call), else None."""
+    BlockOrDenseLinear or BlockLinear) as (the kernel its forward calls on x of `dtype`, the
+    blocks, their ggml type, the most rows it takes in one call), else None. bfloat16: only
+    blocks with a bfloat16 call (regrouped int8; others convert x to float32 around the call)."""
     from nextok.kernels.cpu_gguf_linear import BlockLinear, BlockOrDenseLinear
 
     if not isinstance(linear, (BlockLinear, BlockOrDenseLinear)):
@@ -33,7 +35,12 @@ def _blocks_of(linear):
     blocks = linear.blocks
     if len(blocks.segments) != 1 or blocks.bias is not None:
         return None
-    return blocks.segments[0], min(linear.max_rows, blocks.rows_per_call)
+    seg = blocks.segments[0]
+    if dtype == torch.float32:
+        return seg.fn, seg.ptr, seg.type_id, min(linear.max_rows, blocks.rows_per_call)
+    if isinstance(linear, BlockOrDenseLinear) and linear._bf16_call is not None:
+        return seg.fn_bf16, seg.ptr, seg.type_id, linear.max_rows
+    return None
 
 
 class DecodeLayers:
@@ -42,13 +49,14 @@ class DecodeLayers:
 
     def __init__(self, lib, model, fused, decode_kernel, layer_rows: list[list], max_rows: int):
         cfg = model.config
+        self.dtype = dtype = model.embed_tokens.weight.dtype
         self._fn = lib.decode_layers
         self._fn.restype = _i
         self._fn.argtypes = [_p, _p, _i, _p, _f, _f, _p, _p, _p, _p, _p, _p, _p, _i64]
         self.num_layers = len(model.layers)
-        self.fns = torch.tensor([_address(fused._norm[torch.float32]), _address(fused._silu[torch.float32]),
-                                 _address(fused._rope[torch.float32]), _address(fused._store),
-                                 _address(decode_kernel[torch.float32])], dtype=torch.int64)
+        self.fns = torch.tensor([_address(fused._norm[dtype]), _address(fused._silu[dtype]),
+                                 _address(fused._rope[dtype]), _address(fused._store),
+                                 _address(decode_kernel[dtype])], dtype=torch.int64)
         self.table = torch.tensor(layer_rows, dtype=torch.int64)  # [layers, L_COUNT]
         self.max_rows = max_rows  # the fewest rows any layer's blocks take in one call
         attn = model.layers[0].self_attn
@@ -62,16 +70,18 @@ class DecodeLayers:
 
     @classmethod
     def for_model(cls, model) -> "DecodeLayers | None":
-        """A DecodeLayers for `model` if it qualifies (float32, C fused ops and C paged decode,
-        every layer's qkv, o, gate_up and down on one-part GGUF blocks without bias), else None."""
-        if model.embed_tokens.weight.dtype != torch.float32 or not hasattr(model.backend, "decode_kernel"):
+        """A DecodeLayers for `model` if it qualifies (float32 or bfloat16, C fused ops and C paged
+        decode, every layer's qkv, o, gate_up and down on one-part GGUF blocks without bias, with a
+        bfloat16 call on a bfloat16 model), else None."""
+        dtype = model.embed_tokens.weight.dtype
+        if dtype not in (torch.float32, torch.bfloat16) or not hasattr(model.backend, "decode_kernel"):
             return None
         decode_kernel = model.backend.decode_kernel
         fused = model.layers[0].self_attn.fused
         if decode_kernel is None or fused is None or not hasattr(fused, "_store"):
             return None
         lib = cpu_build.load("decode_layers")
-        if lib is None or lib.decode_layers_count() != (5 << 16) | (L_COUNT << 8) | 10:
+        if lib is None or lib.decode_layers_count() != (5 << 16) | (L_COUNT << 8) | 11:
             return None
         rows, limit = [], 1 << 30
         for layer in model.layers:
@@ -80,12 +90,12 @@ class DecodeLayers:
                 return None
             row = [layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(), 0, 0]
             for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
-                found = _blocks_of(linear)
+                found = _blocks_of(linear, dtype)
                 if found is None:
                     return None
-                seg, most = found
+                fn, ptr, type_id, most = found
                 limit = min(limit, most)
-                row += [_address(seg.fn), seg.ptr, seg.type_id]
+                row += [_address(fn), ptr, type_id]
             for norm in (layer.input_layernorm, layer.post_attention_layernorm):
                 if not norm.weight.is_contiguous() or norm.eps != model.layers[0].input_layernorm.eps:
                     return None
@@ -93,12 +103,12 @@ class DecodeLayers:
         return cls(lib, model, fused, decode_kernel, rows, limit)
 
     def takes(self, meta, rows: int, kv_caches) -> bool:
-        """Is this step decoding only (one token per query), within the row limit, on float32
-        caches?"""
+        """Is this step decoding only (one token per query), within the row limit, on caches of
+        the model's dtype?"""
         if rows > self.max_rows or meta.num_decode != rows or meta.prefills:
             return False
         k = kv_caches[0][0]
-        return k.dtype == torch.float32 and k.is_contiguous() and k.shape[2] * k.shape[3] == self.kv_heads * self.head_dim
+        return k.dtype == self.dtype and k.is_contiguous() and k.shape[2] * k.shape[3] == self.kv_heads * self.head_dim
 
     def _table_for(self, kv_caches) -> torch.Tensor:
         key = (kv_caches[0][0].data_ptr(), kv_caches[-1][1].data_ptr(), len(kv_caches))
@@ -108,14 +118,14 @@ class DecodeLayers:
                 raise ValueError(f"{len(kv_caches)} KV caches for {self.num_layers} layers")
             table = self.table[:len(kv_caches)].clone()
             for i, (k, v) in enumerate(kv_caches):
-                if not (k.is_contiguous() and v.is_contiguous() and k.dtype == v.dtype == torch.float32):
-                    raise ValueError("the C decode layers read contiguous float32 caches")
+                if not (k.is_contiguous() and v.is_contiguous() and k.dtype == v.dtype == self.dtype):
+                    raise ValueError(f"the C decode layers read contiguous {self.dtype} caches")
                 table[i, 2], table[i, 3] = k.data_ptr(), v.data_ptr()
             self._tables[key] = table
         return table
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches, meta):
-        """x [T, hidden] float32, the embeddings (overwritten) -> (the last layer's MLP output,
+        """x [T, hidden] in the model's dtype, the embeddings (overwritten) -> (the last layer's MLP output,
         the residual stream), as the Python layers return them; cos, sin [T, 1, D/2]."""
         table = self._table_for(kv_caches)
         t = x.shape[0]
@@ -125,9 +135,9 @@ class DecodeLayers:
         lens = meta.decode_context_lens.contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
         residual = torch.empty_like(x)
-        dims = (_i * 10)(t, self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter,
+        dims = (_i * 11)(t, self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter,
                          k_cache.shape[1], tables.shape[1], meta.sliding_window or 0,
-                         torch.get_num_threads())
+                         torch.get_num_threads(), x.element_size())
         rc = self._fn(self.fns.data_ptr(), table.data_ptr(), table.shape[0], dims, self.eps,
                       self.scale, x.data_ptr(), residual.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                       slots.data_ptr(), tables.data_ptr(), lens.data_ptr(), k_cache.shape[0] * k_cache.shape[1])

@@ -19,17 +19,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int (*matmul_fn)(const float *x, int m, int k, const uint8_t *w, int type, int n, float *y,
+/* The kernels' signatures; values are float32 or bfloat16 (the model's dtype, D_ELEM bytes) */
+typedef int (*matmul_fn)(const void *x, int m, int k, const uint8_t *w, int type, int n, void *y,
                          int threads);
-typedef void (*norm_fn)(const float *x, float *residual, const float *w, int rows, int d, float eps,
-                        float *out, int add, int threads);
-typedef void (*silu_fn)(const float *gate_up, int rows, int inter, float *out, int threads);
-typedef void (*rope_fn)(float *qkv, int rows, int stride, int heads, int d, const float *cos,
-                        const float *sin, int threads);
+typedef void (*norm_fn)(const void *x, void *residual, const void *w, int rows, int d, float eps,
+                        void *out, int add, int threads);
+typedef void (*silu_fn)(const void *gate_up, int rows, int inter, void *out, int threads);
+typedef void (*rope_fn)(void *qkv, int rows, int stride, int heads, int d, const void *cos,
+                        const void *sin, int threads);
 typedef int (*store_fn)(const char *qkv, int rows, long stride_bytes, long k_off, long kv_bytes,
                         char *k_cache, char *v_cache, const int64_t *slots, int64_t cache_rows);
-typedef int (*attn_fn)(const float *q, const float *k_cache, const float *v_cache,
-                       const int64_t *tables, const int64_t *lens, float *out, int B, int H,
+typedef int (*attn_fn)(const void *q, const void *k_cache, const void *v_cache,
+                       const int64_t *tables, const int64_t *lens, void *out, int B, int H,
                        int KVH, int D, int bs, int max_blocks, float scale, int window, int threads);
 
 /* fns: the kernels' addresses, in this order */
@@ -41,26 +42,27 @@ enum { L_IN_NORM, L_POST_NORM, L_K_CACHE, L_V_CACHE,
        L_GU_FN, L_GU, L_GU_TYPE, L_DOWN_FN, L_DOWN, L_DOWN_TYPE, L_COUNT };
 /* dims, in this order */
 enum { D_ROWS, D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_INTER, D_BLOCK_SIZE, D_MAX_BLOCKS,
-       D_WINDOW, D_THREADS, D_COUNT };
+       D_WINDOW, D_THREADS, D_ELEM, D_COUNT };
 
 int decode_layers_count(void) { return (F_COUNT << 16) | (L_COUNT << 8) | D_COUNT; }
 
-static int matmul(const int64_t *l, int fn, const float *x, int t, int k, int n, float *y, int threads) {
+static int matmul(const int64_t *l, int fn, const void *x, int t, int k, int n, void *y, int threads) {
     return ((matmul_fn)(intptr_t)l[fn])(x, t, k, (const uint8_t *)(intptr_t)l[fn + 1], (int)l[fn + 2], n,
                                         y, threads);
 }
 
 /* x [T, E]: the embeddings in, the last layer's MLP output out; residual [T, E]: the stream
- * out. cos, sin [T, D / 2]; slots [T]; tables [T, max_blocks]; lens [T]; cache_rows: blocks *
+ * out; both in the model's dtype. cos, sin [T, D / 2]; slots [T]; tables [T, max_blocks]; lens [T]; cache_rows: blocks *
  * block size. Returns 0; 1 if scratch memory could not be had; 2 + the kernel's code if a matmul
  * refused its arguments; -1 for a slot past the caches (nothing of that layer stored); -2 if
  * the attention kernel failed (more than 256 heads, or no memory). */
 int decode_layers(const int64_t *fns, const int64_t *layers, int num_layers, const int *dims,
-                  float eps, float scale, float *x, float *residual, const float *cos,
-                  const float *sin, const int64_t *slots, const int64_t *tables, const int64_t *lens,
+                  float eps, float scale, char *x, char *residual, const void *cos,
+                  const void *sin, const int64_t *slots, const int64_t *tables, const int64_t *lens,
                   int64_t cache_rows) {
     const int t = dims[D_ROWS], e = dims[D_HIDDEN], h = dims[D_HEADS], kvh = dims[D_KV_HEADS];
     const int d = dims[D_HEAD_DIM], inter = dims[D_INTER], threads = dims[D_THREADS];
+    const size_t es = (size_t)dims[D_ELEM];
     const int q_size = h * d, kv_size = kvh * d, stride = q_size + 2 * kv_size;
     const norm_fn norm = (norm_fn)(intptr_t)fns[F_NORM];
     const silu_fn silu = (silu_fn)(intptr_t)fns[F_SILU];
@@ -69,34 +71,34 @@ int decode_layers(const int64_t *fns, const int64_t *layers, int num_layers, con
     const attn_fn attn = (attn_fn)(intptr_t)fns[F_ATTN];
     /* hn [T, E] | qkv [T, stride] | q [T, H D] | a [T, H D] | o [T, E] | gu [T, 2I] | act [T, I] */
     const size_t per_row = (size_t)2 * e + stride + 2 * q_size + e + 3 * (size_t)inter;
-    float *scratch = malloc(per_row * t * sizeof(float));
+    char *scratch = malloc(per_row * t * es);
     if (!scratch) return 1;
-    float *hn = scratch, *qkv = hn + (size_t)t * e, *q = qkv + (size_t)t * stride;
-    float *a = q + (size_t)t * q_size, *o = a + (size_t)t * q_size, *gu = o + (size_t)t * e;
-    float *act = gu + (size_t)t * 2 * inter;
+    char *hn = scratch, *qkv = hn + (size_t)t * e * es, *q = qkv + (size_t)t * stride * es;
+    char *a = q + (size_t)t * q_size * es, *o = a + (size_t)t * q_size * es;
+    char *gu = o + (size_t)t * e * es, *act = gu + (size_t)t * 2 * inter * es;
     int rc = 0;
-    memcpy(residual, x, (size_t)t * e * sizeof(float));
+    memcpy(residual, x, (size_t)t * e * es);
     for (int i = 0; i < num_layers && rc == 0; i++) {
         const int64_t *l = layers + (size_t)i * L_COUNT;
-        norm(i == 0 ? residual : x, residual, (const float *)(intptr_t)l[L_IN_NORM], t, e, eps, hn,
+        norm(i == 0 ? residual : x, residual, (const void *)(intptr_t)l[L_IN_NORM], t, e, eps, hn,
              i != 0, threads);
         if ((rc = matmul(l, L_QKV_FN, hn, t, e, stride, qkv, threads))) break;
         rope(qkv, t, stride, h + kvh, d, cos, sin, threads);
-        if (store((const char *)qkv, t, (long)stride * 4, (long)q_size * 4, (long)kv_size * 4,
+        if (store(qkv, t, (long)(stride * es), (long)(q_size * es), (long)(kv_size * es),
                   (char *)(intptr_t)l[L_K_CACHE], (char *)(intptr_t)l[L_V_CACHE], slots, cache_rows)) {
             rc = -1;
             break;
         }
-        for (int r = 0; r < t; r++)  /* the q heads of each row, contiguous for the kernel */
-            memcpy(q + (size_t)r * q_size, qkv + (size_t)r * stride, (size_t)q_size * sizeof(float));
-        if (attn(q, (const float *)(intptr_t)l[L_K_CACHE], (const float *)(intptr_t)l[L_V_CACHE],
+        for (size_t r = 0; r < (size_t)t; r++)  /* the q heads of each row, contiguous for the kernel */
+            memcpy(q + r * q_size * es, qkv + r * stride * es, q_size * es);
+        if (attn(q, (const void *)(intptr_t)l[L_K_CACHE], (const void *)(intptr_t)l[L_V_CACHE],
                  tables, lens, a, t, h, kvh, d, dims[D_BLOCK_SIZE], dims[D_MAX_BLOCKS], scale,
                  dims[D_WINDOW], threads)) {
             rc = -2;
             break;
         }
         if ((rc = matmul(l, L_O_FN, a, t, q_size, e, o, threads))) break;
-        norm(o, residual, (const float *)(intptr_t)l[L_POST_NORM], t, e, eps, hn, 1, threads);
+        norm(o, residual, (const void *)(intptr_t)l[L_POST_NORM], t, e, eps, hn, 1, threads);
         if ((rc = matmul(l, L_GU_FN, hn, t, e, 2 * inter, gu, threads))) break;
         silu(gu, t, inter, act, threads);
         if ((rc = matmul(l, L_DOWN_FN, act, t, inter, e, x, threads))) break;
