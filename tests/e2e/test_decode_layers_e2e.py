@@ -74,3 +74,24 @@ def test_models_without_the_c_path_keep_the_python_layers(model_path, kwargs):
         model.decode_layers.run = lambda *a: calls.append(1) or real_run(*a)
         llm.generate(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=4))
         assert calls == []
+
+
+def test_a_slot_past_the_cache_is_an_index_error_and_writes_nothing(model_path):
+    """As the Python layers' KV store: every slot is checked before any row is written."""
+    import torch
+
+    from nextok.attention.base import AttentionMetadata
+
+    llm = LLM(model=model_path, gguf_activations="int8", kv_cache_memory=16 << 20)
+    runner = llm.engine.runner
+    k_cache = runner.kv_caches[0][0]
+    rows = k_cache.shape[0] * k_cache.shape[1]
+    before = k_cache.clone()
+    meta = AttentionMetadata(slot_mapping=torch.tensor([3, rows + 5]), num_decode=2,
+                             decode_block_tables=torch.zeros(2, 1, dtype=torch.int64),
+                             decode_context_lens=torch.ones(2, dtype=torch.int64), decode_mask=None,
+                             prefills=[])
+    assert runner.model.decode_layers.takes(meta, 2, runner.kv_caches)
+    with torch.no_grad(), pytest.raises(IndexError, match=f"past the cache's {rows} rows"):
+        runner.model(torch.tensor([1, 2]), torch.tensor([0, 0]), runner.kv_caches, meta)
+    assert torch.equal(k_cache, before)
