@@ -14,6 +14,7 @@ import ctypes
 import torch
 
 from nextok.kernels import cpu_build
+from nextok.kernels.cpu_fused import FusedOps
 
 _p, _i, _f, _i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
 L_COUNT = 16  # one layer's row of the table (csrc/decode_layers.c's L_* order)
@@ -38,7 +39,7 @@ def _blocks_of(linear, dtype: torch.dtype):
     seg = blocks.segments[0]
     if dtype == torch.float32:
         return seg.fn, seg.ptr, seg.type_id, min(linear.max_rows, blocks.rows_per_call)
-    if isinstance(linear, BlockOrDenseLinear) and linear._bf16_call is not None:
+    if isinstance(linear, BlockOrDenseLinear) and blocks.bf16_call() is not None:  # what it calls
         return seg.fn_bf16, seg.ptr, seg.type_id, linear.max_rows
     return None
 
@@ -54,9 +55,7 @@ class DecodeLayers:
         self._fn.restype = _i
         self._fn.argtypes = [_p, _p, _i, _p, _f, _f, _p, _p, _p, _p, _p, _p, _p, _i64]
         self.num_layers = len(model.layers)
-        self.fns = torch.tensor([_address(fused._norm[dtype]), _address(fused._silu[dtype]),
-                                 _address(fused._rope[dtype]), _address(fused._store),
-                                 _address(decode_kernel[dtype])], dtype=torch.int64)
+        self.fns = torch.tensor([*fused.addresses(dtype), _address(decode_kernel[dtype])], dtype=torch.int64)
         self.table = torch.tensor(layer_rows, dtype=torch.int64)  # [layers, L_COUNT]
         self.max_rows = max_rows  # the fewest rows any layer's blocks take in one call
         attn = model.layers[0].self_attn
@@ -78,7 +77,7 @@ class DecodeLayers:
             return None
         decode_kernel = model.backend.decode_kernel
         fused = model.layers[0].self_attn.fused
-        if decode_kernel is None or fused is None or not hasattr(fused, "_store"):
+        if decode_kernel is None or not isinstance(fused, FusedOps):
             return None
         lib = cpu_build.load("decode_layers")
         if lib is None or lib.decode_layers_count() != (5 << 16) | (L_COUNT << 8) | 11:

@@ -35,6 +35,12 @@ class FusedOps:
         self._store.argtypes = [_p, _i, ctypes.c_long, ctypes.c_long, ctypes.c_long, _p, _p, _p, ctypes.c_int64]
         self._store.restype = _i
 
+    def addresses(self, dtype: torch.dtype) -> tuple[int, int, int, int]:
+        """The C entry points of add_rms_norm, silu_mul, rope_neox (for `dtype`) and the KV store,
+        as addresses, for C code that calls them itself (kernels/cpu_decode.py)."""
+        fns = (self._norm[dtype], self._silu[dtype], self._rope[dtype], self._store)
+        return tuple(ctypes.cast(fn, ctypes.c_void_p).value for fn in fns)
+
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """residual += x (in place; without a residual, x itself becomes it), then
