@@ -144,10 +144,30 @@ class ServerState:
                     total_ms=round((end - rec.start) * 1e3, 1), finish_reason=rec.finish_reason)
 
 
+def _mark_first_token(rec: RequestRecord | None, out: RequestOutput | None) -> None:
+    if rec is not None and rec.first_token is None and out is not None and \
+            any(o.token_ids for o in out.outputs):
+        now = time.monotonic()  # (one not streamed comes once, finished: its own time)
+        rec.first_token = out.metrics.get("first_token", now) if out.finished else now
+
+
 async def merge(streams: list[RequestStream], rec: RequestRecord | None = None
                 ) -> AsyncIterator[tuple[int, RequestOutput | None]]:
     """Outputs of several streams as they come: (stream index, output); (index, None) when that
     stream was aborted. Aborts every stream still running if the consumer stops early."""
+    if len(streams) == 1:
+        # One stream (n = 1, one prompt: nearly every request) is read directly: a queue and a
+        # pump task cost a put, a get and a task switch per SSE chunk
+        stream = streams[0]
+        try:
+            async for out in stream:
+                _mark_first_token(rec, out)
+                yield 0, out
+            if stream.aborted is not None:
+                yield 0, None
+        finally:
+            stream.abort()
+        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, stream: RequestStream) -> None:
@@ -170,10 +190,7 @@ async def merge(streams: list[RequestStream], rec: RequestRecord | None = None
             if out is StopAsyncIteration:
                 remaining -= 1
                 continue
-            if rec is not None and rec.first_token is None and out is not None and \
-                    any(o.token_ids for o in out.outputs):
-                now = time.monotonic()  # (one not streamed comes once, finished: its own time)
-                rec.first_token = out.metrics.get("first_token", now) if out.finished else now
+            _mark_first_token(rec, out)
             yield i, out
     finally:
         for t in tasks:
