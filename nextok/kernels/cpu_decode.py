@@ -18,6 +18,7 @@ from nextok.kernels.cpu_fused import FusedOps
 
 _p, _i, _f, _i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
 L_COUNT = 16  # one layer's row of the table (csrc/decode_layers.c's L_* order)
+S_COUNT = 4  # one matrix part's row of the parts table (S_*)
 
 
 def _address(fn) -> int:
@@ -25,22 +26,22 @@ def _address(fn) -> int:
 
 
 def _blocks_of(linear, dtype: torch.dtype):
-    """A linear layer's one-part GGUF blocks without bias (kernels/cpu_gguf_linear.py's
-    BlockOrDenseLinear or BlockLinear) as (the kernel its forward calls on x of `dtype`, the
-    blocks, their ggml type, the most rows it takes in one call), else None. bfloat16: only
-    blocks with a bfloat16 call (regrouped int8; others convert x to float32 around the call)."""
+    """A linear layer on GGUF blocks (kernels/cpu_gguf_linear.py's BlockOrDenseLinear or
+    BlockLinear) as (its parts [(the kernel its forward calls on x of `dtype`, the blocks, their
+    ggml type, their output rows)], its bias or None, the most rows it takes in one call), else
+    None. bfloat16: one part without bias with a bfloat16 call (regrouped int8) only; others
+    convert x to float32 around the call."""
     from nextok.kernels.cpu_gguf_linear import BlockLinear, BlockOrDenseLinear
 
     if not isinstance(linear, (BlockLinear, BlockOrDenseLinear)):
         return None
     blocks = linear.blocks
-    if len(blocks.segments) != 1 or blocks.bias is not None:
-        return None
-    seg = blocks.segments[0]
     if dtype == torch.float32:
-        return seg.fn, seg.ptr, seg.type_id, min(linear.max_rows, blocks.rows_per_call)
+        parts = [(seg.fn, seg.ptr, seg.type_id, seg.rows) for seg in blocks.segments]
+        return parts, blocks.bias, min(linear.max_rows, blocks.rows_per_call)
     if isinstance(linear, BlockOrDenseLinear) and blocks.bf16_call() is not None:  # what it calls
-        return seg.fn_bf16, seg.ptr, seg.type_id, linear.max_rows
+        seg = blocks.segments[0]
+        return [(seg.fn_bf16, seg.ptr, seg.type_id, seg.rows)], None, linear.max_rows
     return None
 
 
@@ -48,15 +49,18 @@ class DecodeLayers:
     """Bound to one model (LlamaForCausalLM) by `for_model`; `takes(meta, rows)` says whether a
     step can run here, `run(x, cos, sin, kv_caches, meta)` runs every layer on it."""
 
-    def __init__(self, lib, model, fused, decode_kernel, layer_rows: list[list], max_rows: int):
+    def __init__(self, lib, model, fused, decode_kernel, layer_rows: list[list], parts: list[list],
+                 biases: list[torch.Tensor], max_rows: int):
         cfg = model.config
         self.dtype = dtype = model.embed_tokens.weight.dtype
         self._fn = lib.decode_layers
         self._fn.restype = _i
-        self._fn.argtypes = [_p, _p, _i, _p, _f, _f, _p, _p, _p, _p, _p, _p, _p, _i64]
+        self._fn.argtypes = [_p, _p, _p, _i, _p, _f, _f, _p, _p, _p, _p, _p, _p, _p, _i64]
         self.num_layers = len(model.layers)
         self.fns = torch.tensor([*fused.addresses(dtype), _address(decode_kernel[dtype])], dtype=torch.int64)
         self.table = torch.tensor(layer_rows, dtype=torch.int64)  # [layers, L_COUNT]
+        self.parts = torch.tensor(parts, dtype=torch.int64)  # [matrix parts, S_COUNT]
+        self._biases = biases  # the float32 biases the table points at
         self.max_rows = max_rows  # the fewest rows any layer's blocks take in one call
         attn = model.layers[0].self_attn
         self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
@@ -70,8 +74,8 @@ class DecodeLayers:
     @classmethod
     def for_model(cls, model) -> "DecodeLayers | None":
         """A DecodeLayers for `model` if it qualifies (float32 or bfloat16, C fused ops and C paged
-        decode, every layer's qkv, o, gate_up and down on one-part GGUF blocks without bias, with a
-        bfloat16 call on a bfloat16 model), else None."""
+        decode, every layer's qkv, o, gate_up and down on GGUF blocks: on a bfloat16 model one part
+        without bias each, with a bfloat16 call), else None."""
         dtype = model.embed_tokens.weight.dtype
         if dtype not in (torch.float32, torch.bfloat16) or not hasattr(model.backend, "decode_kernel"):
             return None
@@ -80,9 +84,9 @@ class DecodeLayers:
         if decode_kernel is None or not isinstance(fused, FusedOps):
             return None
         lib = cpu_build.load("decode_layers")
-        if lib is None or lib.decode_layers_count() != (5 << 16) | (L_COUNT << 8) | 11:
+        if lib is None or lib.decode_layers_count() != (S_COUNT << 24) | (5 << 16) | (L_COUNT << 8) | 11:
             return None
-        rows, limit = [], 1 << 30
+        rows, parts, biases, limit = [], [], [], 1 << 30
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             if attn.fused is not fused or not attn.store_kv_in_rope:
@@ -92,14 +96,18 @@ class DecodeLayers:
                 found = _blocks_of(linear, dtype)
                 if found is None:
                     return None
-                fn, ptr, type_id, most = found
+                linear_parts, bias, most = found
                 limit = min(limit, most)
-                row += [_address(fn), ptr, type_id]
+                if bias is not None:
+                    bias = bias.detach().float().contiguous()
+                    biases.append(bias)
+                row += [len(parts), len(linear_parts), 0 if bias is None else bias.data_ptr()]
+                parts += [[_address(fn), ptr, type_id, n] for fn, ptr, type_id, n in linear_parts]
             for norm in (layer.input_layernorm, layer.post_attention_layernorm):
                 if not norm.weight.is_contiguous() or norm.eps != model.layers[0].input_layernorm.eps:
                     return None
             rows.append(row)
-        return cls(lib, model, fused, decode_kernel, rows, limit)
+        return cls(lib, model, fused, decode_kernel, rows, parts, biases, limit)
 
     def takes(self, meta, rows: int, kv_caches) -> bool:
         """Is this step decoding only (one token per query), within the row limit, on caches of
@@ -137,7 +145,7 @@ class DecodeLayers:
         dims = (_i * 11)(t, self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter,
                          k_cache.shape[1], tables.shape[1], meta.sliding_window or 0,
                          torch.get_num_threads(), x.element_size())
-        rc = self._fn(self.fns.data_ptr(), table.data_ptr(), table.shape[0], dims, self.eps,
+        rc = self._fn(self.fns.data_ptr(), table.data_ptr(), self.parts.data_ptr(), table.shape[0], dims, self.eps,
                       self.scale, x.data_ptr(), residual.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                       slots.data_ptr(), tables.data_ptr(), lens.data_ptr(), k_cache.shape[0] * k_cache.shape[1])
         if rc == -1:
