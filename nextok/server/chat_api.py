@@ -129,8 +129,5 @@ async def tokenize(req: P.TokenizeRequest, request: Request):
 async def detokenize(req: P.DetokenizeRequest, request: Request):
     state = state_of(request)
     state.check_model(req.model)
-    vocab = state.engine.engine.config.model.vocab_size
-    bad = next((t for t in req.tokens if t >= vocab), None)
-    if bad is not None:
-        raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
+    state.check_token_ids(req.tokens, "tokens")
     return P.DetokenizeResponse(prompt=state.tokenizer.decode(req.tokens, skip_special_tokens=False))

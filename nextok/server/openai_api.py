@@ -114,6 +114,9 @@ def completion_prompts(state: ServerState, req: P.CompletionRequest) -> tuple[li
         ids = [state.tokenizer.encode(t) for t in texts]
     if any(not x for x in ids):
         raise APIError(400, "prompt must not be empty", param="prompt")
+    if texts is None:
+        for x in ids:
+            state.check_token_ids(x, "prompt", "prompt token id")
     texts = texts or [state.tokenizer.decode(x, skip_special_tokens=False) for x in ids]
     return ids, texts
 

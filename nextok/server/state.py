@@ -70,6 +70,14 @@ class ServerState:
     def record(self, prefix: str, route: str, caller: Caller) -> RequestRecord:
         return RequestRecord(self.new_id(prefix), route, caller)
 
+    def check_token_ids(self, ids: list[int], param: str, what: str = "token id") -> None:
+        """400 for an id outside the vocabulary, before anything decodes it (the tokenizer
+        raises OverflowError on one past 64 bits)."""
+        vocab = self.engine.engine.config.model.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(400, f"{what} {bad} is outside the vocabulary [0, {vocab})", param=param)
+
     def submit(self, rec: RequestRecord, prompts: list[list[int]], params: SamplingParams,
                streamed: bool = True) -> list[RequestStream]:
         """Admits and queues one engine request per prompt; all or none are queued.

@@ -85,7 +85,9 @@ def test_rate_limit_rpm_and_tpm(server, http):
     ({"prompt": "x", "stop": [""]}, None),
     ({"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
     ({"prompt": "x", "logit_bias": {"99999999": 1}}, None),
-    ({"prompt": [99999999]}, None),
+    ({"prompt": [99999999]}, "prompt"),
+    ({"prompt": [11192350306729316352, 51555]}, "prompt"),  # past 64 bits: the tokenizer overflowed (500)
+    ({"prompt": [[5, 6], [-1]]}, None),  # (the schema refuses it)
     ({"max_tokens": 3}, "prompt"),
     ({"prompt": "x", "echo": True, "logprobs": 1}, "echo"),
 ])
