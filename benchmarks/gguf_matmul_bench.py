@@ -1,8 +1,8 @@
 """Every weight matrix of a GGUF model (the default one, or --model FILE, e.g. a Q4_K_M file) once, as a
 decode step reads them: the GGUF block kernels (csrc/gguf_matmul.c, csrc/gguf_unpacked.c: weights
-kept as their blocks) with int8 and with float32 activations (int8: Q4_0 / Q4_1 / Q8_0 regrouped 16 rows
-at a time, csrc/gguf_rows16.c, where the CPU has AVX-512 VNNI; "int8 1-row" is gguf_matmul_q8, which
-reads them a weight row at a time, as every type did before),
+kept as their blocks) with int8 and with float32 activations (int8: every type regrouped 16 rows
+at a time, csrc/gguf_rows16.c, where the CPU has AVX-512 VNNI or AVX2; "int8 1-row" is the
+row-at-a-time kernel, gguf_matmul_q8 or gguf_kq_matmul_q8, as every type had before),
 dequantized per call into a float32 scratch for oneDNN (--gguf-blocks-only past its row limit), and
 oneDNN on float32 and bfloat16 weights (the dense copy; what --dtype bfloat16 runs). Passes of the modes
 alternate, so a noisy neighbour hits them alike; /proc/loadavg is printed before and after.

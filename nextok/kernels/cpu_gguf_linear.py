@@ -9,13 +9,12 @@ float32 weights are 6x (Q4_1) or 3.8x (Q8_0) the bytes of the blocks. Two kernel
     batched == one at a time, speculation on == off).
   int8 (--gguf-activations int8; `auto` on a bfloat16 model): each row of x is quantized per 32
     values to int8 with a float scale, as llama.cpp does, and each block's dot product is an
-    integer one (VNNI); ~2x faster at one row, relative error ~1e-3 per layer output. Q4_0, Q4_1
-    and Q8_0 on AVX-512 VNNI or AVX2: the blocks regrouped 16 weight rows at a time at load
+    integer one (VNNI); ~2x faster at one row, relative error ~1e-3 per layer output. Every type
+    on AVX-512 VNNI or AVX2: the blocks regrouped 16 weight rows at a time at load
     (csrc/gguf_rows16.c, csrc/gguf_rows16_avx2.h, the same results on both), so 8 rows cost 1.4x
     one row on AVX-512 (2.6x read a row at a time), and a row's result does not depend on the
-    batch up to the row limit. Other types (and CPUs without AVX2) a row at a time, where 2+
-    rows sum in another order than 1 on AVX-512. Steps of more rows than
-    the blocks take go to the dense weights.
+    batch up to the row limit. CPUs without AVX2 read them a row at a time, where 2+ rows sum
+    in another order than 1. Steps of more rows than the blocks take go to the dense weights.
 `BlockOrDenseLinear` puts them in the model: blocks for decode-sized steps (weight-read bound), the
 float32 layer for prefill (compute bound, where oneDNN's packed GEMM is faster than dequantizing
 every block per row group).
@@ -88,7 +87,14 @@ INT8_BF16_DENSE_MAX_ROWS = 8
 #   oneDNN float32       31.3  34.5  37.8  46.9  59.6  83.7 116.5
 # (at one row much of the 6.4 ms is the 211 calls' own cost: one Q4_1 gate_up alone, 60 copies
 # out of cache, 55 us against 80; in cache 27 against 93), so the same row limits hold there.
-ROWS16_TYPES = (2, 3, 8)
+# Since 2026-12-07 also Q5_0, Q5_1 and the K-quants (the same arithmetic as their row-at-a-time
+# kernels): the Q4_K_M file's matrices (Q5_0, Q4_K, Q6_K, Q8_0) on the 2-core AVX2 machine, ms
+# (benchmarks/results/2026-12-07-gguf-rows16-kquants-avx2-cpu.txt):
+#   rows                  1     2     4     8    16    32
+#   int8, 16 rows         6.4   7.0   9.6  15.9  27.6  51.6
+#   int8, a row at a time 9.4  11.5  17.8  31.9  62.4 122.1
+#   oneDNN float32       30.0  28.6  33.3  43.2  56.0  82.6
+ROWS16_TYPES = (2, 3, 6, 7, 8, 12, 13, 14)
 ROWS16_DENSE_MAX_ROWS = 48
 ROWS16_BF16_DENSE_MAX_ROWS = 32
 ACTIVATIONS = ("int8", "float32")  # --gguf-activations
@@ -126,12 +132,13 @@ def _rows16() -> dict[str, object] | None:
         fns = None
         if lib is not None and lib.gguf_rows16_ready() != 0:
             pack, mm, deq = lib.gguf_rows16_pack, lib.gguf_rows16_matmul_q8, lib.gguf_rows16_dequant_f32
-            mm16 = lib.gguf_rows16_matmul_q8_bf16
+            mm16, size = lib.gguf_rows16_matmul_q8_bf16, lib.gguf_rows16_packed_bytes
             pack.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+            size.argtypes, size.restype = [ctypes.c_int, ctypes.c_int, ctypes.c_int], ctypes.c_long
             mm.argtypes, mm16.argtypes, deq.argtypes = _ARGTYPES, _ARGTYPES, _DEQUANT_ARGTYPES
             for fn in (pack, mm, mm16, deq):
                 fn.restype = ctypes.c_int
-            fns = {"pack": pack, "matmul": mm, "matmul_bf16": mm16, "dequant": deq}
+            fns = {"pack": pack, "matmul": mm, "matmul_bf16": mm16, "dequant": deq, "packed_bytes": size}
         _rows16_lib.append(fns)
     return _rows16_lib[0]
 
@@ -178,8 +185,8 @@ class _Segment:
         self.blocks = raw.reshape(rows, -1).contiguous()
         rows16 = _rows16() if activations == "int8" and type_id in ROWS16_TYPES else None
         self.rows16 = rows16 is not None
-        if rows16 is not None:  # regrouped: [ceil(rows / 16) * 16 * blocks per row * bytes] uint8
-            packed = torch.empty(-(-rows // 16) * 16 * (in_features // per_block) * nbytes, dtype=torch.uint8)
+        if rows16 is not None:  # regrouped: flat uint8, 16 rows at a time (csrc/gguf_rows16.c)
+            packed = torch.empty(rows16["packed_bytes"](type_id, rows, in_features), dtype=torch.uint8)
             if rows16["pack"](self.blocks.data_ptr(), type_id, rows, in_features, packed.data_ptr()) != 0:
                 raise RuntimeError(f"regrouping {type_name(type_id)} blocks refused its arguments")
             self.blocks, self.fn, self.dequant = packed, rows16["matmul"], rows16["dequant"]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from nextok.kernels import cpu_build
-from nextok.kernels.cpu_gguf_linear import BLOCK_TYPES, GGUFBlockLinear, load_gguf_matmul
+from nextok.kernels.cpu_gguf_linear import BLOCK_TYPES, ROWS16_TYPES, GGUFBlockLinear, load_gguf_matmul
 from tests.kernels.test_cpu_gguf_linear import ALL_TYPES, dequantized, random_blocks
 
 pytestmark = pytest.mark.skipif(load_gguf_matmul("int8") is None, reason="no C compiler to build the kernel")
@@ -200,7 +200,7 @@ def test_restricted_builds_of_the_float32_kernels(name, tmp_path):
         assert all(torch.equal(run(x[i:i + 1].contiguous()), y[i:i + 1]) for i in range(7)), type_id
 
 
-# ---- Q4_0 / Q4_1 / Q8_0 regrouped 16 rows at a time (csrc/gguf_rows16.c) -------------------
+# ---- every type regrouped 16 rows at a time (csrc/gguf_rows16.c) ---------------------------
 def _rows16_or_skip():
     from nextok.kernels.cpu_gguf_linear import _rows16
 
@@ -208,13 +208,19 @@ def _rows16_or_skip():
         pytest.skip("no AVX2: the int8 layers keep the one-row-at-a-time kernel")
 
 
-@pytest.mark.parametrize("type_id", [2, 3, 8])
+def _k_of(type_id: int, k32: int = 576) -> int:
+    """A row length for the type: k32 for the 32-weight blocks, 3 super-blocks for the K-quants."""
+    return k32 if BLOCK_TYPES[type_id][0] == 32 else 768
+
+
+@pytest.mark.parametrize("type_id", ROWS16_TYPES)
 @pytest.mark.parametrize("n", [37, 64])  # 37: a last group of 5 rows, padded
 def test_rows16_layers_keep_the_weights_and_the_old_kernels_sums(type_id, n):
     """The regrouped blocks dequantize to the loader's weights bit for bit, and the kernel gives
-    gguf_matmul_q8's results (the same integer dots and scales, summed in another order)."""
+    the row-at-a-time kernel's results (gguf_matmul_q8, gguf_kq_matmul_q8: the same integer dots
+    and scales, summed in another order)."""
     _rows16_or_skip()
-    k = 576
+    k = _k_of(type_id)
     blocks = random_blocks(type_id, n, k, seed=n + type_id)
     layer = GGUFBlockLinear(blocks, type_id, n, k, activations="int8")
     assert layer.segments[0].rows16 and layer.dense_max_rows == 48 and layer.bf16_dense_max_rows == 32
@@ -229,7 +235,7 @@ def test_rows16_layers_keep_the_weights_and_the_old_kernels_sums(type_id, n):
         assert (y - y_old).abs().max() <= 1e-5 * y_old.abs().max()
 
 
-@pytest.mark.parametrize("type_id", [2, 3, 8])
+@pytest.mark.parametrize("type_id", ROWS16_TYPES)
 def test_rows16_a_row_gives_the_same_result_in_any_batch(type_id):
     """Speculation's verify rows and batched decoding must equal one row alone, bit for bit."""
     _rows16_or_skip()
@@ -251,11 +257,14 @@ def test_rows16_builds_without_avx512_vnni(name, tmp_path):
 
     lib = build_restricted(name, tmp_path, "gguf_rows16")
     assert lib.gguf_rows16_ready() == (1 if name == "avx2" else 0)
-    for type_id in (2, 3, 8):
-        n, k = 21, 128
+    lib.gguf_rows16_packed_bytes.restype = ctypes.c_long
+    for type_id in ROWS16_TYPES:
+        n, k = 21, _k_of(type_id, 128)
         blocks = random_blocks(type_id, n, k, seed=type_id)
-        per_block = BLOCK_TYPES[type_id][1]
-        packed = torch.empty(32 * (k // 32) * per_block, dtype=torch.uint8)
+        size = lib.gguf_rows16_packed_bytes(type_id, n, k)
+        per_block, nbytes, _ = BLOCK_TYPES[type_id]
+        assert nbytes * 32 * k // per_block <= size <= 1.03 * nbytes * 32 * k // per_block  # 2 groups
+        packed = torch.empty(size, dtype=torch.uint8)
         w = torch.from_numpy(blocks.copy())
         assert lib.gguf_rows16_pack(ctypes.c_void_p(w.data_ptr()), type_id, n, k, ctypes.c_void_p(packed.data_ptr())) == 0
         out = torch.empty(n, k)
@@ -269,7 +278,8 @@ def test_rows16_builds_without_avx512_vnni(name, tmp_path):
     for fn in (lib.gguf_rows16_matmul_q8, lib.gguf_rows16_matmul_q8_bf16):
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                        ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
-    for type_id, n, k, rows in ((3, 37, 576, 1), (2, 45, 1536, 6), (8, 21, 128, 9), (3, 16, 64, 4)):
+    for type_id, n, k, rows in ((3, 37, 576, 1), (2, 45, 1536, 6), (8, 21, 128, 9), (3, 16, 64, 4), (6, 19, 576, 5),
+                                (7, 16, 96, 1), (12, 37, 768, 3), (13, 21, 512, 4), (14, 45, 1536, 2), (14, 16, 256, 7)):
         layer = GGUFBlockLinear(random_blocks(type_id, n, k, seed=n), type_id, n, k, activations="int8")
         ptr = layer.segments[0].ptr
         x = activations(rows, k, seed=rows) * 4
@@ -282,12 +292,12 @@ def test_rows16_builds_without_avx512_vnni(name, tmp_path):
             assert torch.equal(got, want), (type_id, rows, dtype)
 
 
-@pytest.mark.parametrize("type_id", [2, 3, 8])
+@pytest.mark.parametrize("type_id", ROWS16_TYPES)
 def test_rows16_bfloat16_call_equals_converting_around_the_float32_one(type_id):
     """A bfloat16 model's blocks take bf16 x and give bf16 y in one call: bit for bit what
     x.float() -> the float32 call -> .to(bfloat16) gives."""
     _rows16_or_skip()
-    n, k = 37, 576
+    n, k = 37, _k_of(type_id)
     layer = GGUFBlockLinear(random_blocks(type_id, n, k, seed=11), type_id, n, k, activations="int8")
     call = layer.bf16_call()
     assert call is not None

@@ -7,12 +7,14 @@
  * in cache, compute bound, far under the memory's ~30 GB/s. Here one vpmaddubsw against 4
  * broadcast bytes of x advances 8 rows, and 8 of them (32 weights per row) add up in 16 bits
  * before one vpmaddwd widens them:
- *   Q4_0 / Q4_1: weights 0..15, x in [-127, 127]: a pair <= 2 * 15 * 127 = 3810, 8 pairs <= 30480;
+ *   4-bit weights (Q4_0, Q4_1, Q4_K), x in [-127, 127]: a pair <= 2 * 15 * 127 = 3810, 8 pairs <= 30480;
+ *   5-bit (Q5_0, Q5_1, Q5_K): the block's first and last 16 weights in two sums, 4 pairs <= 31496 each;
+ *   Q6_K (6 bits): per 16 weights (its scales' span) two sums of 2 pairs <= 32004;
  *   Q8_0: each q + 128 split into its high and low nibble (q + 128 = 16 h + l), two such sums.
  * A group of 16 rows runs as two halves of 8 (an AVX2 register holds 8 outputs): half 0 streams
  * the group's blocks from memory, half 1 reads them again from L1/L2 (a group is nb * 320 bytes
  * for Q4_1: 5.6 KB at K = 576, 15 KB at K = 1536).
- * Included by gguf_rows16.c (rows16_bytes, ROWS_PER_PASS, PREFETCH_BYTES come from there). */
+ * Included by gguf_rows16.c (the layout helpers, ROWS_PER_PASS, PREFETCH_BYTES come from there). */
 #include <immintrin.h>
 
 /* quantize_x_block (gguf_common.h) on 8-wide registers, the same results: d = max|x| / 127,
@@ -67,73 +69,135 @@ static inline void store8(__m256 acc, void *y, int y_bf16, size_t at, int live) 
 }
 
 /* Group g (16 weight rows) against x rows [r0, r0 + M), M <= ROWS_PER_PASS a compile-time
- * constant at each call site; outputs past N are not stored. */
+ * constant at each call site; outputs past N are not stored. sqa: per x block, the sum of its
+ * first 16 q (for Q6_K). */
 static inline __attribute__((always_inline)) void group16(
-        const int8_t *xq, const float *xd, const float *xs, const int *sq, int k,
+        const int8_t *xq, const float *xd, const float *xs, const int *sq, const int *sqa, int k,
         const uint8_t *p, const int type, int n, void *y, int y_bf16, int g, int r0, const int M) {
-    const int nb = k / 32, bytes = rows16_bytes(type), head = type == Q4_1 ? 64 : 32;
+    const int sub = rows16_sub(type), head = rows16_head(type), part = rows16_part(type);
+    const int gbytes = rows16_group_bytes(type), nb = k / 32, nsb = nb / sub;
     const int n0 = g * 16, rows = n - n0 < 16 ? n - n0 : 16;
+    const int nib = nib_at(type), hb = bits_at(type);
     const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    const uint8_t *group = p + (size_t)g * nb * 16 * bytes;
+    const __m256i bit4 = _mm256_set1_epi8(0x10), bit5 = _mm256_set1_epi8(0x20);
+    const uint8_t *group = p + (size_t)g * nsb * gbytes;
     for (int h = 0; h < 2 && 8 * h < rows; h++) {
         __m256 acc[ROWS_PER_PASS];
         for (int r = 0; r < M; r++) acc[r] = _mm256_setzero_ps();
         const uint8_t *gb = group;
-        for (int b = 0; b < nb; b++, gb += 16 * bytes) {
+        for (int s = 0; s < nsb; s++, gb += gbytes) {
             if (h == 0)  /* as the AVX-512 kernel: every line PREFETCH_BYTES ahead, kept cached */
-                for (int e = 0; e < 16 * bytes; e += 64) __builtin_prefetch(gb + PREFETCH_BYTES + e, 0, 1);
-            __m256 d, m = _mm256_setzero_ps();
-            if (type == Q4_1) {  /* u32 [16] d | m << 16: rows 8h .. 8h + 7 */
-                const __m128i a = _mm_loadu_si128((const __m128i *)(gb + 32 * h));
-                const __m128i c = _mm_loadu_si128((const __m128i *)(gb + 32 * h + 16));
-                const __m128i lo16 = _mm_set1_epi32(0xffff);
-                d = _mm256_cvtph_ps(_mm_packus_epi32(_mm_and_si128(a, lo16), _mm_and_si128(c, lo16)));
-                m = _mm256_cvtph_ps(_mm_packus_epi32(_mm_srli_epi32(a, 16), _mm_srli_epi32(c, 16)));
-            } else {
-                d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16 * h)));
-                if (type == Q4_0) m = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));  /* exact */
-            }
-            /* 4 bytes of x (row r, weights 4j .. 4j + 3) in every 32-bit lane */
+                for (int e = 0; e < gbytes; e += 64) __builtin_prefetch(gb + PREFETCH_BYTES + e, 0, 1);
+            __m256 kd = _mm256_setzero_ps(), kdmin = _mm256_setzero_ps();  /* a K-quant's d, dmin */
+            if (is_kquant(type)) kd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16 * h)));
+            if (type == Q4_K || type == Q5_K)
+                kdmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 32 + 16 * h)));
+            for (int u = 0; u < sub; u++) {
+                const uint8_t *pb = gb + head + u * part;
+                const int b = s * sub + u;  /* x's 32-value block */
+                __m256 d, m = _mm256_setzero_ps(), d2 = _mm256_setzero_ps();
+#define U8S(at) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(at))))
+#define I8S(at) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(at))))
+                if (type == Q4_1 || type == Q5_1) {  /* u32 [16] d | m << 16: rows 8h .. 8h + 7 */
+                    const __m128i a = _mm_loadu_si128((const __m128i *)(pb + 32 * h));
+                    const __m128i c = _mm_loadu_si128((const __m128i *)(pb + 32 * h + 16));
+                    const __m128i lo16 = _mm_set1_epi32(0xffff);
+                    d = _mm256_cvtph_ps(_mm_packus_epi32(_mm_and_si128(a, lo16), _mm_and_si128(c, lo16)));
+                    m = _mm256_cvtph_ps(_mm_packus_epi32(_mm_srli_epi32(a, 16), _mm_srli_epi32(c, 16)));
+                } else if (type == Q4_K || type == Q5_K) {  /* D = d sc, M = -(dmin mn): exact */
+                    d = _mm256_mul_ps(kd, U8S(gb + 64 + 16 * u + 8 * h));
+                    m = _mm256_mul_ps(_mm256_mul_ps(kdmin, U8S(gb + 192 + 16 * u + 8 * h)), _mm256_set1_ps(-1.0f));
+                } else if (type == Q6_K) {  /* D of weights 0..15 and of 16..31 */
+                    d = _mm256_mul_ps(kd, I8S(gb + 32 + 32 * u + 8 * h));
+                    d2 = _mm256_mul_ps(kd, I8S(gb + 48 + 32 * u + 8 * h));
+                } else {
+                    d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + 16 * h)));
+                    if (type == Q4_0) m = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));  /* exact */
+                    if (type == Q5_0) m = _mm256_mul_ps(d, _mm256_set1_ps(-16.0f));
+                }
+#undef U8S
+#undef I8S
+                /* 4 bytes of x (row r, weights 4j .. 4j + 3) in every 32-bit lane */
 #define XB(r, j) _mm256_set1_epi32(*(const int32_t *)(xq + ((size_t)(r0 + (r)) * nb + b) * 32 + 4 * (j)))
-            __m256i s[ROWS_PER_PASS];  /* i32: row r of x . the 8 weight rows' block b */
-            if (type == Q8_0) {
-                __m256i sl[ROWS_PER_PASS], sh[ROWS_PER_PASS];  /* i16 sums of the low, high nibbles */
-                for (int r = 0; r < M; r++) sl[r] = sh[r] = _mm256_setzero_si256();
-                for (int j = 0; j < 8; j++) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(gb + head + 64 * j + 32 * h));
-                    const __m256i wl = _mm256_and_si256(v, low4);
-                    const __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                __m256i sv[ROWS_PER_PASS], s2[ROWS_PER_PASS];  /* i32: row r of x . the 8 weight rows */
+                if (type == Q8_0) {
+                    __m256i sl[ROWS_PER_PASS], sh[ROWS_PER_PASS];  /* i16 sums of the low, high nibbles */
+                    for (int r = 0; r < M; r++) sl[r] = sh[r] = _mm256_setzero_si256();
+                    for (int j = 0; j < 8; j++) {
+                        const __m256i v = _mm256_loadu_si256((const __m256i *)(pb + 32 + 64 * j + 32 * h));
+                        const __m256i wl = _mm256_and_si256(v, low4);
+                        const __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                        for (int r = 0; r < M; r++) {
+                            const __m256i xb = XB(r, j);
+                            sl[r] = _mm256_add_epi16(sl[r], _mm256_maddubs_epi16(wl, xb));
+                            sh[r] = _mm256_add_epi16(sh[r], _mm256_maddubs_epi16(wh, xb));
+                        }
+                    }
                     for (int r = 0; r < M; r++) {
-                        const __m256i xb = XB(r, j);
-                        sl[r] = _mm256_add_epi16(sl[r], _mm256_maddubs_epi16(wl, xb));
-                        sh[r] = _mm256_add_epi16(sh[r], _mm256_maddubs_epi16(wh, xb));
+                        const int at = (r0 + r) * nb + b;
+                        sv[r] = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(sh[r], ones), 4),
+                                                 _mm256_madd_epi16(sl[r], ones));
+                        sv[r] = _mm256_sub_epi32(sv[r], _mm256_set1_epi32(128 * sq[at]));
+                    }
+                } else if (type == Q6_K) {
+                    /* 6-bit weights: a pair of products <= 2 * 63 * 127, two pairs fit in i16 */
+                    __m256i wq[8];
+                    const __m256i h0 = _mm256_loadu_si256((const __m256i *)(pb + 32 * h));
+                    const __m256i h1 = _mm256_loadu_si256((const __m256i *)(pb + 64 + 32 * h));
+                    for (int j = 0; j < 4; j++) {
+                        const __m256i v = _mm256_loadu_si256((const __m256i *)(pb + nib + 64 * j + 32 * h));
+                        wq[j] = _mm256_or_si256(_mm256_and_si256(v, low4), _mm256_or_si256(
+                            _mm256_and_si256(_mm256_slli_epi32(h0, 4 - j), bit4),
+                            _mm256_and_si256(_mm256_slli_epi32(h1, 5 - j), bit5)));
+                        wq[j + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi32(h0, j), bit4),
+                            _mm256_and_si256(j ? _mm256_srli_epi32(h1, j - 1) : _mm256_slli_epi32(h1, 1), bit5)));
+                    }
+                    for (int r = 0; r < M; r++) {
+#define PAIR(a, c) _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(wq[a], XB(r, a)), \
+                                                      _mm256_maddubs_epi16(wq[c], XB(r, c))), ones)
+                        const int at = (r0 + r) * nb + b;
+                        sv[r] = _mm256_sub_epi32(_mm256_add_epi32(PAIR(0, 1), PAIR(2, 3)), _mm256_set1_epi32(32 * sqa[at]));
+                        s2[r] = _mm256_sub_epi32(_mm256_add_epi32(PAIR(4, 5), PAIR(6, 7)),
+                                                 _mm256_set1_epi32(32 * (sq[at] - sqa[at])));
+#undef PAIR
+                    }
+                } else {
+                    /* 4-bit weights: 16 products <= 16 * 15 * 127 add up in i16; 5-bit ones: the
+                     * low and high halves apart (8 products <= 8 * 31 * 127 each) */
+                    const int five = hb >= 0;
+                    const __m256i h0 = five ? _mm256_loadu_si256((const __m256i *)(pb + hb + 32 * h)) : _mm256_setzero_si256();
+                    __m256i s16[ROWS_PER_PASS], t16[ROWS_PER_PASS];
+                    for (int r = 0; r < M; r++) s16[r] = t16[r] = _mm256_setzero_si256();
+                    for (int j = 0; j < 4; j++) {
+                        const __m256i v = _mm256_loadu_si256((const __m256i *)(pb + nib + 64 * j + 32 * h));
+                        __m256i wl = _mm256_and_si256(v, low4);  /* weights 4j .. 4j + 3 */
+                        __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);  /* 16 + 4j .. */
+                        if (five) {  /* bit 8t + j of the plane -> bit 4 of byte t; 8t + 4 + j likewise */
+                            wl = _mm256_or_si256(wl, _mm256_and_si256(_mm256_slli_epi32(h0, 4 - j), bit4));
+                            wh = _mm256_or_si256(wh, _mm256_and_si256(_mm256_srli_epi32(h0, j), bit4));
+                        }
+                        for (int r = 0; r < M; r++) {
+                            s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wl, XB(r, j)));
+                            if (five) t16[r] = _mm256_add_epi16(t16[r], _mm256_maddubs_epi16(wh, XB(r, j + 4)));
+                            else s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wh, XB(r, j + 4)));
+                        }
+                    }
+                    for (int r = 0; r < M; r++) {
+                        sv[r] = _mm256_madd_epi16(s16[r], ones);
+                        if (five) sv[r] = _mm256_add_epi32(sv[r], _mm256_madd_epi16(t16[r], ones));
                     }
                 }
-                for (int r = 0; r < M; r++) {
-                    const int at = (r0 + r) * nb + b;
-                    s[r] = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(sh[r], ones), 4),
-                                            _mm256_madd_epi16(sl[r], ones));
-                    s[r] = _mm256_sub_epi32(s[r], _mm256_set1_epi32(128 * sq[at]));
-                }
-            } else {
-                __m256i s16[ROWS_PER_PASS];
-                for (int r = 0; r < M; r++) s16[r] = _mm256_setzero_si256();
-                for (int j = 0; j < 4; j++) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(gb + head + 64 * j + 32 * h));
-                    const __m256i wl = _mm256_and_si256(v, low4);  /* weights 4j .. 4j + 3 */
-                    const __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);  /* 16 + 4j .. */
-                    for (int r = 0; r < M; r++) {
-                        s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wl, XB(r, j)));
-                        s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wh, XB(r, j + 4)));
-                    }
-                }
-                for (int r = 0; r < M; r++) s[r] = _mm256_madd_epi16(s16[r], ones);
-            }
 #undef XB
-            for (int r = 0; r < M; r++) {
-                const size_t at = (size_t)(r0 + r) * nb + b;
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]), _mm256_mul_ps(d, _mm256_set1_ps(xd[at])), acc[r]);
-                if (type != Q8_0) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[at]), acc[r]);
+                for (int r = 0; r < M; r++) {
+                    const size_t at = (size_t)(r0 + r) * nb + b;
+                    const __m256 dx = _mm256_set1_ps(xd[at]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sv[r]), _mm256_mul_ps(d, dx), acc[r]);
+                    if (type == Q6_K)
+                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s2[r]), _mm256_mul_ps(d2, dx), acc[r]);
+                    else if (type != Q8_0)
+                        acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[at]), acc[r]);
+                }
             }
         }
         const int live = rows - 8 * h < 8 ? rows - 8 * h : 8;
