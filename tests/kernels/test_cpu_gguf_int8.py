@@ -271,15 +271,23 @@ def test_rows16_builds_without_avx512_vnni(name, tmp_path):
         assert lib.gguf_rows16_dequant_f32(ctypes.c_void_p(packed.data_ptr()), type_id, n, k,
                                            ctypes.c_void_p(out.data_ptr()), 2) == 0
         assert torch.equal(out, dequantized(blocks, type_id, n, k))
-    if name != "avx2":
-        return
+    if name == "avx2":
+        _assert_rows16_build_equals_native(lib)
+
+
+def _assert_rows16_build_equals_native(lib: ctypes.CDLL) -> None:
+    """Another build of csrc/gguf_rows16.c gives this machine's build's results bit for bit, on
+    every type, float32 and bfloat16 x, for several row counts and group tails."""
+    from nextok.kernels.cpu_gguf_linear import _rows16
+
     native = _rows16()
-    assert native is not None  # this machine has AVX2 at least (build_restricted skips otherwise)
+    assert native is not None  # this machine has AVX2 at least (the callers skip otherwise)
     for fn in (lib.gguf_rows16_matmul_q8, lib.gguf_rows16_matmul_q8_bf16):
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                        ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     for type_id, n, k, rows in ((3, 37, 576, 1), (2, 45, 1536, 6), (8, 21, 128, 9), (3, 16, 64, 4), (6, 19, 576, 5),
-                                (7, 16, 96, 1), (12, 37, 768, 3), (13, 21, 512, 4), (14, 45, 1536, 2), (14, 16, 256, 7)):
+                                (7, 16, 96, 1), (12, 37, 768, 3), (13, 21, 512, 4), (14, 45, 1536, 2), (14, 16, 256, 7),
+                                (12, 16, 256, 17), (6, 3, 64, 2)):
         layer = GGUFBlockLinear(random_blocks(type_id, n, k, seed=n), type_id, n, k, activations="int8")
         ptr = layer.segments[0].ptr
         x = activations(rows, k, seed=rows) * 4
@@ -290,6 +298,28 @@ def test_rows16_builds_without_avx512_vnni(name, tmp_path):
             assert native[key](xd.data_ptr(), rows, k, ptr, type_id, n, want.data_ptr(), 2) == 0
             assert fn(xd.data_ptr(), rows, k, ptr, type_id, n, got.data_ptr(), 2) == 0
             assert torch.equal(got, want), (type_id, rows, dtype)
+
+
+def test_rows16_avx512_kernel_emulated_equals_the_native_build(tmp_path):
+    """The AVX-512 VNNI kernel's code, built against plain-C stand-ins for its intrinsics
+    (tests/kernels/avx512_emulation/immintrin.h), gives this machine's results bit for bit: on an
+    AVX2 machine that checks the AVX-512 code CI may meet on another machine (and the two
+    kernels' promise of equal results); on an AVX-512 one, the stand-ins against the hardware."""
+    from nextok.kernels.cpu_gguf_linear import _rows16
+
+    cc = cpu_build._compiler()
+    if platform.machine() not in ("x86_64", "AMD64") or cc is None or _rows16() is None:
+        pytest.skip("an x86-64 C compiler and an AVX2 machine are needed")
+    out = os.path.join(tmp_path, "gguf_rows16_avx512_emulated.so")
+    emulation = os.path.join(os.path.dirname(__file__), "avx512_emulation")
+    cmd = [cc, "-O1", "-ffp-contract=off", "-march=x86-64", "-fopenmp", "-shared", "-fPIC", "-std=gnu11",
+           "-D__AVX512F__", "-D__AVX512BW__", "-D__AVX512VNNI__", "-I", emulation, "-o", out,
+           os.path.join(cpu_build.CSRC, "gguf_rows16.c"), "-lm"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lib = ctypes.CDLL(out)
+    assert lib.gguf_rows16_ready() == 3  # the AVX-512 branch was compiled
+    _assert_rows16_build_equals_native(lib)
 
 
 @pytest.mark.parametrize("type_id", ROWS16_TYPES)
