@@ -29,7 +29,7 @@ def _blocks_of(linear, dtype: torch.dtype):
     """A linear layer on GGUF blocks (kernels/cpu_gguf_linear.py's BlockOrDenseLinear or
     BlockLinear) as (its parts [(the kernel its forward calls on x of `dtype`, the blocks, their
     ggml type, their output rows)], its bias or None, the most rows it takes in one call), else
-    None. bfloat16: one part without bias with a bfloat16 call (regrouped int8) only; others
+    None. bfloat16: regrouped int8 parts without bias (their bfloat16 calls) only; others
     convert x to float32 around the call."""
     from nextok.kernels.cpu_gguf_linear import BlockLinear, BlockOrDenseLinear
 
@@ -40,8 +40,7 @@ def _blocks_of(linear, dtype: torch.dtype):
         parts = [(seg.fn, seg.ptr, seg.type_id, seg.rows) for seg in blocks.segments]
         return parts, blocks.bias, min(linear.max_rows, blocks.rows_per_call)
     if isinstance(linear, BlockOrDenseLinear) and blocks.bf16_call() is not None:  # what it calls
-        seg = blocks.segments[0]
-        return [(seg.fn_bf16, seg.ptr, seg.type_id, seg.rows)], None, linear.max_rows
+        return [(seg.fn_bf16, seg.ptr, seg.type_id, seg.rows) for seg in blocks.segments], None, linear.max_rows
     return None
 
 

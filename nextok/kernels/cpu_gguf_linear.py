@@ -277,19 +277,23 @@ class GGUFBlockLinear:
         return y if self.bias is None else y + self.bias
 
     def bf16_call(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """x [T, in] bfloat16 -> [T, out] bfloat16 in one kernel call (the same values as
-        self(x.float()).to(bfloat16)), for a one-part regrouped layer without bias; else None."""
-        if len(self.segments) != 1 or not self.segments[0].rows16 or self.bias is not None:
+        """x [T, in] bfloat16 -> [T, out] bfloat16, one kernel call per part (the same values as
+        self(x.float()).to(bfloat16)), for a regrouped layer without bias; else None."""
+        if not all(seg.rows16 for seg in self.segments) or self.bias is not None:
             return None
-        seg, k, n = self.segments[0], self.in_features, self.out_features
+        segs, k, n = self.segments, self.in_features, self.out_features
 
         def call(x: torch.Tensor) -> torch.Tensor:
             x = x.contiguous()
-            y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
-            rc = seg.fn_bf16(x.data_ptr(), x.shape[0], k, seg.ptr, seg.type_id, n, y.data_ptr(),
-                             torch.get_num_threads())
-            if rc != 0:
-                raise RuntimeError(f"the {type_name(seg.type_id)} block kernel (int8, bfloat16) refused its arguments ({rc})")
+            t, threads = x.shape[0], torch.get_num_threads()
+            y = torch.empty(t, n, dtype=torch.bfloat16)
+            for seg in segs:  # several parts: each into its own [T, rows], then y's columns
+                out = y if len(segs) == 1 else torch.empty(t, seg.rows, dtype=torch.bfloat16)
+                rc = seg.fn_bf16(x.data_ptr(), t, k, seg.ptr, seg.type_id, seg.rows, out.data_ptr(), threads)
+                if rc != 0:
+                    raise RuntimeError(f"the {type_name(seg.type_id)} block kernel (int8, bfloat16) refused its arguments ({rc})")
+                if out is not y:
+                    y[:, seg.start:seg.start + seg.rows] = out
             return y
 
         return call

@@ -338,3 +338,8 @@ def test_rows16_bfloat16_call_equals_converting_around_the_float32_one(type_id):
     biased = GGUFBlockLinear(random_blocks(type_id, n, k, seed=11), type_id, n, k, bias=torch.ones(n),
                              activations="int8")
     assert biased.bf16_call() is None  # the bias is added in float32: the converting path
+    # a matrix of two types (a *_K_M file's qkv): one call a part, into its columns
+    other = 8 if type_id != 8 else 2
+    two = GGUFBlockLinear.of_parts([(type_id, random_blocks(type_id, n, k, seed=13), n),
+                                    (other, random_blocks(other, 21, k, seed=14), 21)], k, activations="int8")
+    assert torch.equal(two.bf16_call()(x), two(x.float()).bfloat16())

@@ -22,24 +22,25 @@ pytestmark = pytest.mark.skipif(load_fused_ops() is None or load_paged_decode() 
                                 reason="no C compiler to build the kernels")
 
 
-def _model(path, activations):
+def _model(path, activations, dtype=torch.float32):
     """As the model runner builds a CPU model: fused ops, packed linears, then the blocks."""
     ckpt = load_checkpoint(path)
     cfg = ModelConfig.from_hf_dict(ckpt.hf_config)
     model = LlamaForCausalLM(cfg, TorchRefBackend(load_paged_decode()), max_positions=64)
     model.load_weights(ckpt.weights())
+    model.to(dtype)
     model.set_fused_ops(load_fused_ops())
-    model.pack_for_cpu(torch.float32)
+    model.pack_for_cpu(dtype)
     model.use_gguf_blocks(ckpt.blocks(supported_types()), activations=activations)
     return model.eval(), cfg
 
 
-def _decode_step(model, cfg, rows, use_c):
+def _decode_step(model, cfg, rows, use_c, dtype=torch.float32):
     """`rows` sequences decoding one token each over random caches (contexts of 5 + i tokens)."""
     gen = torch.Generator().manual_seed(1)
     bs = 16
-    caches = [(torch.randn(2 * rows + 1, bs, cfg.num_key_value_heads, cfg.head_dim, generator=gen),
-               torch.randn(2 * rows + 1, bs, cfg.num_key_value_heads, cfg.head_dim, generator=gen))]
+    caches = [(torch.randn(2 * rows + 1, bs, cfg.num_key_value_heads, cfg.head_dim, generator=gen).to(dtype),
+               torch.randn(2 * rows + 1, bs, cfg.num_key_value_heads, cfg.head_dim, generator=gen).to(dtype))]
     lens = torch.tensor([5 + i for i in range(rows)])
     tables = torch.tensor([[1 + 2 * i, 2 + 2 * i] for i in range(rows)])
     meta = AttentionMetadata(slot_mapping=tables[:, 0] * bs + lens - 1, num_decode=rows,
@@ -77,3 +78,22 @@ def test_c_decode_layers_equal_the_python_layers(tmp_path, kind, activations):
         assert torch.equal(h_c, h_py), (kind, activations, rows)
         assert all(torch.equal(a, b) for pc, pp in zip(caches_c, caches_py) for a, b in zip(pc, pp))
 
+
+
+@pytest.mark.parametrize("kind", ["k_quant", "mixed"])
+def test_a_bfloat16_models_matrices_of_two_block_types_run_in_c_too(tmp_path, kind):
+    """On a bfloat16 model every regrouped part takes bf16 x and gives bf16 y (one call a part),
+    so a *_K_M file's two-type qkv and gate_up run in the C layers as well, bit for bit the
+    Python layers' step (which convert nothing either: GGUFBlockLinear.bf16_call)."""
+    from nextok.kernels.cpu_gguf_linear import _rows16
+
+    if _rows16() is None:
+        pytest.skip("no regrouped int8 kernel here: a bfloat16 model's blocks convert x to float32")
+    path = (_k_quant_gguf(tmp_path / "k.gguf") if kind == "k_quant"
+            else _tiny_gguf(tmp_path / "mixed.gguf", "llama", v_type=8))
+    model, cfg = _model(path, "int8", torch.bfloat16)
+    assert model.decode_layers is not None and model.decode_layers.table[0, 5].item() == 2
+    for rows in (1, 3):
+        (h_c, caches_c), (h_py, caches_py) = (_decode_step(model, cfg, rows, c, torch.bfloat16) for c in (True, False))
+        assert h_c.dtype == torch.bfloat16 and torch.equal(h_c, h_py), (kind, rows)
+        assert all(torch.equal(a, b) for pc, pp in zip(caches_c, caches_py) for a, b in zip(pc, pp))
