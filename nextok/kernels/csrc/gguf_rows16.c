@@ -156,10 +156,13 @@ int gguf_rows16_pack(const uint8_t *w, int type, int n, int k, uint8_t *out) {
     if (!total) return 1;
     const int sub = rows16_sub(type), head = rows16_head(type), part = rows16_part(type);
     const int nb = k / (32 * sub), ng = (n + 15) / 16, gbytes = rows16_group_bytes(type), sb = src_bytes(type);
-    memset(out, 0, (size_t)total);
+    /* groups in parallel (each writes only its own bytes): one thread regrouped ~0.3 G weights/s,
+     * some 20 s of a 7B model's load */
+#pragma omp parallel for schedule(dynamic, 16)
     for (int g = 0; g < ng; g++)
         for (int b = 0; b < nb; b++) {
             uint8_t *o = out + ((size_t)g * nb + b) * gbytes;
+            memset(o, 0, (size_t)gbytes);
             for (int i = 0; i < 16 && g * 16 + i < n; i++) {
                 const uint8_t *blk = w + ((size_t)(g * 16 + i) * nb + b) * sb;
                 if (type == Q4_K || type == Q5_K) {
