@@ -73,8 +73,8 @@ class DecodeLayers:
     @classmethod
     def for_model(cls, model) -> "DecodeLayers | None":
         """A DecodeLayers for `model` if it qualifies (float32 or bfloat16, C fused ops and C paged
-        decode, every layer's qkv, o, gate_up and down on GGUF blocks: on a bfloat16 model one part
-        without bias each, with a bfloat16 call), else None."""
+        decode, every layer's qkv, o, gate_up and down on GGUF blocks: on a bfloat16 model regrouped
+        parts without bias, each with a bfloat16 call), else None."""
         dtype = model.embed_tokens.weight.dtype
         if dtype not in (torch.float32, torch.bfloat16) or not hasattr(model.backend, "decode_kernel"):
             return None

@@ -453,9 +453,11 @@ static int rows16_matmul(const void *x, int x_bf16, int m_rows, int k, const uin
             const void *xb = x_bf16 ? (const void *)((const uint16_t *)x + i * 32) : (const void *)((const float *)x + i * 32);
             sq[i] = quantize_block(xb, x_bf16, xq + i * 32, &xd[i]);
             xs[i] = xd[i] * (float)sq[i];
-            int first = 0;
-            for (int j = 0; j < 16; j++) first += xq[i * 32 + j];
-            sqa[i] = first;
+            if (type == Q6_K) {  /* the only type whose scales change within 32 weights */
+                int first = 0;
+                for (int j = 0; j < 16; j++) first += xq[i * 32 + j];
+                sqa[i] = first;
+            }
         }  /* (the loop's barrier: every block quantized before any group reads it) */
         const int nt = omp_get_num_threads(), t = omp_get_thread_num();
         const int g0 = (int)((long)ng * t / nt), g1 = (int)((long)ng * (t + 1) / nt);
