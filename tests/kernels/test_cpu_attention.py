@@ -91,6 +91,47 @@ def test_verify_rows_equal_each_row_alone(heads, kv_heads, head_dim, block_size,
     torch.testing.assert_close(got, want, **tol)
 
 
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (8, 2, 128), (6, 1, 16)])
+@pytest.mark.parametrize("block_size", [1, 16, 24])
+@pytest.mark.parametrize("window", [None, 300, 700])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_sequences_in_key_spans(heads, kv_heads, head_dim, block_size, window, dtype):
+    """Sequences longer than a span of keys (256, in whole blocks) run as one task a span and
+    are merged by their log-sum-exps: they match the reference (bfloat16: within one bf16 step,
+    the spans' results kept in float32), at 1 or 2 threads and alone or in a batch bit for bit,
+    and a window's first key may fall inside any span."""
+    gen = torch.Generator().manual_seed(heads * 7 + block_size)
+    lens = torch.tensor([1000, 256, 257, 3, 513, 800], dtype=torch.long)
+    max_blocks = -(-int(lens.max()) // block_size)
+    num_blocks = len(lens) * max_blocks + 1
+    kc = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    vc = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    # keys that stand out: spans' maxima far apart, so their weights differ by orders of magnitude
+    kc[3] *= 4
+    perm = torch.randperm(num_blocks - 1, generator=gen)[:len(lens) * max_blocks] + 1
+    tables = perm.view(len(lens), max_blocks).clone()
+    q = torch.randn(len(lens), heads, head_dim, generator=gen).to(dtype)
+    scale = head_dim ** -0.5
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = paged_decode(KERNEL, q, kc, vc, tables, lens, scale, window)
+        torch.set_num_threads(2)
+        got = paged_decode(KERNEL, q, kc, vc, tables, lens, scale, window)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(got, one)
+    for i in (0, 2, 4):
+        alone = paged_decode(KERNEL, q[i:i + 1], kc, vc, tables[i:i + 1], lens[i:i + 1], scale, window)
+        assert torch.equal(got[i:i + 1], alone), f"row {i}"
+    want = reference(q.float(), kc.float(), vc.float(), tables, lens, scale, window)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:
+        torch.testing.assert_close(got, want.to(dtype), rtol=2 ** -7, atol=1e-4)
+        assert (got != want.to(dtype)).float().mean() < 0.01
+
+
 # ---- the same source built without AMX, without AVX512_BF16, without AVX-512 -------------------
 FALLBACKS = {"no-amx": ["-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"],
              "no-avx512bf16": ["-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8", "-mno-avx512bf16"],

@@ -8,8 +8,10 @@
  * Query head h reads KV head h / (H / KVH) (GQA). With a sliding window W, query at position
  * p = len - 1 sees keys (p - W, p].
  *
- * One task per sequence. Two passes over the keys (scores, then the weighted sum of values) with an exact softmax in
- * between, so results match a reference softmax to float rounding.
+ * One task per (sequence, KV head, span of 256 keys); a sequence of several spans is merged by
+ * their log-sum-exps (decode_groups). Two passes over a span's keys (scores, then the weighted
+ * sum of values) with an exact softmax in between, so results match a reference softmax to
+ * float rounding.
  */
 #include <math.h>
 #include <stdint.h>
@@ -80,19 +82,21 @@ static float exp_sub_sum(float *s, int64_t n, float m) {
 }
 
 
-/* scores [G, n] -> each row's softmax in place, maxs [G] its largest score. */
-static void softmax_rows(float *scores, const float *maxs, int G, int64_t n) {
+/* scores [G, n] -> each row's softmax in place, maxs [G] its largest score; lse [G] (unless
+ * NULL): each row's log-sum-exp, max + log(sum), by which decode_groups merges key spans. */
+static void softmax_rows(float *scores, const float *maxs, int G, int64_t n, float *lse) {
     for (int g = 0; g < G; g++) {
         float *sg = scores + g * n;
-        const float inv = 1.f / exp_sub_sum(sg, n, maxs[g]);
+        const float sum = exp_sub_sum(sg, n, maxs[g]), inv = 1.f / sum;
         for (int64_t i = 0; i < n; i++) sg[i] *= inv;
+        if (lse) lse[g] = maxs[g] + logf(sum);
     }
 }
 /* One sequence, the G query heads that share KV head `kvh`: each token's K and V rows are read
  * once, front to back, so the hardware prefetcher streams whole 16-token blocks.
  * q, out: the sequence's [H, D]; scores: scratch of G * len floats. */
 static void one_group(const float *q, const float *k_cache, const float *v_cache,
-                      const int64_t *table, int64_t len, float *out, float *scores,
+                      const int64_t *table, int64_t len, float *out, float *scores, float *lse,
                       int H, int KVH, int kvh, int D, int bs, float scale, int window) {
     const int G = H / KVH, h0 = kvh * G;
     const int64_t start = (window > 0 && len > window) ? len - window : 0;
@@ -108,7 +112,7 @@ static void one_group(const float *q, const float *k_cache, const float *v_cache
             if (sc > maxs[g]) maxs[g] = sc;
         }
     }
-    softmax_rows(scores, maxs, G, n);
+    softmax_rows(scores, maxs, G, n, lse);
     memset(out + (int64_t)h0 * D, 0, sizeof(float) * (size_t)G * D);
     for (int64_t t = start; t < len; t++) {
         const float *v = v_cache + (table[t / bs] * bs + t % bs) * row + (int64_t)kvh * D;
@@ -117,39 +121,123 @@ static void one_group(const float *q, const float *k_cache, const float *v_cache
     }
 }
 
-/* One task per (sequence, KV head): at batch 1 the heads still spread over the threads. `elem`:
- * bytes per value of q, the caches and out (4: float32, 2: bfloat16), which `group` reads.
- * Returns 0, or -1 when H > 256 or scratch memory could not be had. */
+/* A group kernel: the G query heads of one sequence that share KV head `kvh`, over its first
+ * `len` keys (the last `window` of them if window > 0): out's heads kvh * G .. kvh * G + G - 1
+ * (the sequence's [H, D], in the caches' type). With lse (not NULL), a span of a longer
+ * sequence: out is float32, whatever the caches' type (rounding each span's result to bfloat16
+ * before the merge cost up to 0.2 relative error where spans cancel), and lse [G] gets the
+ * heads' log-sum-exps. scores: scratch of G * (keys read) floats. */
 typedef void (*group_fn)(const void *q, const void *k_cache, const void *v_cache,
-                         const int64_t *table, int64_t len, void *out, float *scores,
+                         const int64_t *table, int64_t len, void *out, float *scores, float *lse,
                          int H, int KVH, int kvh, int D, int bs, float scale, int window);
 
+/* Keys per task of a long sequence (rounded up to whole blocks). One task per (sequence, KV
+ * head) left a batch-1 step with KVH tasks (the default model: 3, on 16 cores) however long the
+ * context, each streaming its keys alone: at 4000 keys the step's attention ran at ~4 GB/s,
+ * 4/5 of the whole step. A sequence's keys are cut at fixed multiples of SPAN_KEYS, so where
+ * they are cut depends only on its own length: a row's result does not depend on the batch
+ * or the thread count. */
+#define SPAN_KEYS 256
+
+/* Heads h0 .. h0 + G - 1 of out [H, D] (elem: 4 float32, 2 bfloat16) from a sequence's nsp
+ * spans: part [nsp][H][D] float32 (each span's softmax over its own keys) and lse [nsp][H]:
+ * sum_s w_s o_s / sum_s w_s, with w_s = exp(lse_s - the largest lse), spans in order. */
+static void merge_spans(const float *part, const float *lse, int64_t nsp, char *out, int H, int D,
+                        int h0, int G, int elem) {
+    float acc[D];
+    for (int h = h0; h < h0 + G; h++) {
+        float m = -INFINITY, wsum = 0.f;
+        for (int64_t s = 0; s < nsp; s++) m = fmaxf(m, lse[s * H + h]);
+        memset(acc, 0, sizeof(float) * (size_t)D);
+        for (int64_t s = 0; s < nsp; s++) {
+            const float w = expf(lse[s * H + h] - m);
+            const float *o = part + (s * H + h) * (int64_t)D;
+            wsum += w;
+            for (int d = 0; d < D; d++) acc[d] += w * o[d];
+        }
+        const float inv = 1.f / wsum;
+        for (int d = 0; d < D; d++) {
+            union { float f; uint32_t u; } v = {.f = acc[d] * inv};
+            if (elem == 4) ((float *)out)[(int64_t)h * D + d] = v.f;
+            else ((uint16_t *)out)[(int64_t)h * D + d] = (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+        }
+    }
+}
+
+/* One task per (sequence, KV head, span of SPAN_KEYS keys), then a merge per (sequence, KV head)
+ * of more than one span. A sequence within one span runs as one task straight into out (short
+ * contexts: as before). `elem`: bytes per value of q, the caches and out (4: float32, 2:
+ * bfloat16), which `group` reads. Returns 0, or -1 when H > 256 or scratch memory could not
+ * be had. */
 static int decode_groups(group_fn group, int elem, const void *q, const void *k_cache,
                          const void *v_cache, const int64_t *block_tables,
                          const int64_t *context_lens, void *out, int B, int H, int KVH, int D,
                          int bs, int max_blocks, float scale, int window, int num_threads) {
-    if (H > 256 || KVH <= 0 || H % KVH) return -1;
-    int64_t max_len = 1;
-    for (int b = 0; b < B; b++) if (context_lens[b] > max_len) max_len = context_lens[b];
+    if (H > 256 || KVH <= 0 || H % KVH || bs <= 0) return -1;
     const int G = H / KVH;
-    int failed = 0;
-#pragma omp parallel num_threads(num_threads)
+    const int64_t span = (SPAN_KEYS + bs - 1) / bs * bs;
+    /* sequence b: tasks first[b] .. first[b + 1] - 1 (one a span), its spans' results from slot[b] */
+    int64_t *first = malloc(sizeof(int64_t) * (2 * (size_t)B + 1));
+    if (!first) return -1;
+    int64_t *slot = first + B + 1, tasks = 0, slots = 0, max_n = 1;
+    for (int b = 0; b < B; b++) {
+        const int64_t len = context_lens[b], lo = (window > 0 && len > window) ? len - window : 0;
+        const int64_t nsp = len > 0 ? (len - 1) / span - lo / span + 1 : 1;
+        first[b] = tasks;
+        slot[b] = slots;
+        tasks += nsp;
+        if (nsp > 1) slots += nsp;
+        if (len - lo > max_n) max_n = len - lo;
+    }
+    first[B] = tasks;
+    if (max_n > span) max_n = span;  /* the most keys one task reads */
+    int *seq_of = malloc(sizeof(int) * (size_t)tasks);
+    float *lses = malloc(sizeof(float) * (size_t)(slots * H + 1));
+    float *parts = malloc(sizeof(float) * (size_t)(slots * H * D + 1));
+    int failed = !seq_of || !lses || !parts;
+    for (int b = 0; b < B && !failed; b++)
+        for (int64_t i = first[b]; i < first[b + 1]; i++) seq_of[i] = b;
+#pragma omp parallel num_threads(num_threads) if (!failed)
     {
-        float *scores = malloc(sizeof(float) * (size_t)G * (size_t)max_len);
+        float *scores = failed ? NULL : malloc(sizeof(float) * (size_t)G * (size_t)max_n);
         if (!scores) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int task = 0; task < B * KVH; task++) {
+        for (int64_t task = 0; task < tasks * KVH; task++) {
             if (!scores) continue;
-            const int b = task / KVH, kvh = task % KVH;
+            const int64_t i = task / KVH;
+            const int b = seq_of[i], kvh = (int)(task % KVH);
             const int64_t seq = (int64_t)b * H * D * elem;  /* bytes to the sequence's [H, D] */
-            group((const char *)q + seq, k_cache, v_cache, block_tables + (int64_t)b * max_blocks,
-                  context_lens[b], (char *)out + seq, scores, H, KVH, kvh, D, bs, scale, window);
+            const int64_t *table = block_tables + (int64_t)b * max_blocks, len = context_lens[b];
+            if (first[b + 1] - first[b] == 1) {
+                group((const char *)q + seq, k_cache, v_cache, table, len, (char *)out + seq, scores,
+                      NULL, H, KVH, kvh, D, bs, scale, window);
+                continue;
+            }
+            /* span c holds keys [a, e); the window's first key lo may cut into the first */
+            const int64_t lo = (window > 0 && len > window) ? len - window : 0;
+            const int64_t a = (lo / span + i - first[b]) * span, e = a + span < len ? a + span : len;
+            const int64_t s = slot[b] + i - first[b];
+            group((const char *)q + seq, k_cache, v_cache, table + a / bs, e - a,
+                  parts + s * H * D, scores, lses + s * H + (int64_t)kvh * G, H, KVH, kvh, D,
+                  bs, scale, lo > a ? (int)(e - lo) : 0);
         }
         free(scores);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < (int64_t)B * KVH; task++) {
+            const int b = (int)(task / KVH), kvh = (int)(task % KVH);
+            const int64_t nsp = first[b + 1] - first[b];
+            if (failed || nsp == 1) continue;
+            merge_spans(parts + slot[b] * H * D, lses + slot[b] * H, nsp,
+                        (char *)out + (int64_t)b * H * D * elem, H, D, kvh * G, G, elem);
+        }
     }
+    free(seq_of);
+    free(lses);
+    free(parts);
+    free(first);
     return failed ? -1 : 0;
 }
 
@@ -218,8 +306,8 @@ static inline void store16(void *p, int64_t i, __m512 v, const int bf16) {
  * (one_group_bf16 before). */
 static inline __attribute__((always_inline)) void one_group_512(
         const void *q, const void *k_cache, const void *v_cache, const int64_t *table,
-        int64_t len, void *out, float *scores, int H, int KVH, int kvh, int bs, float scale,
-        int window, const int G, const int C, const int bf16) {
+        int64_t len, void *out, float *scores, float *lse, int H, int KVH, int kvh, int bs,
+        float scale, int window, const int G, const int C, const int bf16) {
     const int D = 16 * C, h0 = kvh * G;
     const int64_t start = (window > 0 && len > window) ? len - window : 0;
     const int64_t n = len - start;
@@ -254,7 +342,7 @@ static inline __attribute__((always_inline)) void one_group_512(
         }
     }
     for (int g = 0; g < G; g++) maxs[g] = _mm512_reduce_max_ps(maxv[g]);
-    softmax_rows(scores, maxs, G, n);
+    softmax_rows(scores, maxs, G, n, lse);
     for (int i = 0; i < G * C; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t t0 = start, cnt; t0 < len; t0 += cnt) {
         cnt = chunk_len(t0, len, bs);
@@ -270,14 +358,15 @@ static inline __attribute__((always_inline)) void one_group_512(
         }
     }
     for (int g = 0; g < G; g++)
-        for (int c = 0; c < C; c++) store16(out, (int64_t)(h0 + g) * D + 16 * c, acc[g * C + c], bf16);
+        for (int c = 0; c < C; c++) store16(out, (int64_t)(h0 + g) * D + 16 * c, acc[g * C + c], bf16 && !lse);
 }
 
 /* The (G, D) pairs with a register kernel: G * D / 16 <= 16 (queries and outputs, 32 registers). */
 static inline __attribute__((always_inline)) int group_512(
         const void *q, const void *k, const void *v, const int64_t *table, int64_t len, void *out,
-        float *scores, int H, int KVH, int kvh, int D, int bs, float scale, int window, const int bf16) {
-#define G512(g, c) one_group_512(q, k, v, table, len, out, scores, H, KVH, kvh, bs, scale, window, g, c, bf16)
+        float *scores, float *lse, int H, int KVH, int kvh, int D, int bs, float scale, int window,
+        const int bf16) {
+#define G512(g, c) one_group_512(q, k, v, table, len, out, scores, lse, H, KVH, kvh, bs, scale, window, g, c, bf16)
     switch (H / KVH * 1000 + D) {
     case 1064: G512(1, 4); return 1;
     case 2064: G512(2, 4); return 1;
@@ -342,8 +431,8 @@ static inline void store_pairs(uint16_t *p, __m512 even, __m512 odd, __m512 s) {
  * chunked, -> this): 17.4 -> 14.9 us at 1 row, 61.9 -> 49.4 at 5 rows, 84.1 -> 67.0 at 8. */
 static inline __attribute__((always_inline)) void one_group_dpbf16(
         const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int64_t *table,
-        int64_t len, uint16_t *out, float *scores, int KVH, int kvh, int bs, float scale,
-        int window, const int G, const int C2) {
+        int64_t len, uint16_t *out, float *scores, float *lse, int KVH, int kvh, int bs,
+        float scale, int window, const int G, const int C2) {
     const int D = 32 * C2, h0 = kvh * G;
     const int64_t start = (window > 0 && len > window) ? len - window : 0;
     const int64_t n = len - start;
@@ -385,7 +474,9 @@ static inline __attribute__((always_inline)) void one_group_dpbf16(
             _mm512_mask_storeu_ps(sg + i, live, e);
             sum = _mm512_mask_add_ps(sum, live, sum, e);
         }
-        inv[g] = 1.f / _mm512_reduce_add_ps(sum);
+        const float total = _mm512_reduce_add_ps(sum);
+        inv[g] = 1.f / total;
+        if (lse) lse[g] = _mm512_reduce_max_ps(maxv[g]) + logf(total);
     }
     for (int i = 0; i < 2 * G * C2; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t t0 = start, cnt; t0 < len; t0 += cnt) {
@@ -405,15 +496,27 @@ static inline __attribute__((always_inline)) void one_group_dpbf16(
         }
     }
     for (int g = 0; g < G; g++)
-        for (int c = 0; c < C2; c++)
-            store_pairs(out + (int64_t)(h0 + g) * D + 32 * c, acc[(g * C2 + c) * 2],
-                        acc[(g * C2 + c) * 2 + 1], _mm512_set1_ps(inv[g]));
+        for (int c = 0; c < C2; c++) {
+            const __m512 s = _mm512_set1_ps(inv[g]);
+            if (!lse) {
+                store_pairs(out + (int64_t)(h0 + g) * D + 32 * c, acc[(g * C2 + c) * 2],
+                            acc[(g * C2 + c) * 2 + 1], s);
+                continue;
+            }
+            float ev[16], od[16], *o = (float *)out + (int64_t)(h0 + g) * D + 32 * c;  /* a span: float32 */
+            _mm512_storeu_ps(ev, _mm512_mul_ps(acc[(g * C2 + c) * 2], s));
+            _mm512_storeu_ps(od, _mm512_mul_ps(acc[(g * C2 + c) * 2 + 1], s));
+            for (int j = 0; j < 16; j++) {
+                o[2 * j] = ev[j];
+                o[2 * j + 1] = od[j];
+            }
+        }
 }
 
 static inline __attribute__((always_inline)) int group_dpbf16(
         const void *q, const void *k, const void *v, const int64_t *table, int64_t len, void *out,
-        float *scores, int KVH, int kvh, int G, int D, int bs, float scale, int window) {
-#define GDP(g, c) one_group_dpbf16(q, k, v, table, len, out, scores, KVH, kvh, bs, scale, window, g, c)
+        float *scores, float *lse, int KVH, int kvh, int G, int D, int bs, float scale, int window) {
+#define GDP(g, c) one_group_dpbf16(q, k, v, table, len, out, scores, lse, KVH, kvh, bs, scale, window, g, c)
     switch (G * 1000 + D) {
     case 1064: GDP(1, 2); return 1;
     case 2064: GDP(2, 2); return 1;
@@ -428,25 +531,150 @@ static inline __attribute__((always_inline)) int group_dpbf16(
 #endif  /* __AVX512BF16__ */
 #else
 static int group_512(const void *q, const void *k, const void *v, const int64_t *table,
-                     int64_t len, void *out, float *scores, int H, int KVH, int kvh, int D,
-                     int bs, float scale, int window, int bf16) {
+                     int64_t len, void *out, float *scores, float *lse, int H, int KVH, int kvh,
+                     int D, int bs, float scale, int window, int bf16) {
     return 0;
 }
 #endif
 
 #if !defined(__AVX512F__) || !defined(__AVX512BF16__)
 static int group_dpbf16(const void *q, const void *k, const void *v, const int64_t *table,
-                        int64_t len, void *out, float *scores, int KVH, int kvh, int G, int D,
-                        int bs, float scale, int window) {
+                        int64_t len, void *out, float *scores, float *lse, int KVH, int kvh, int G,
+                        int D, int bs, float scale, int window) {
+    return 0;
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* 8 values at p + i as float32: p float32, or bfloat16 (raw bits) widened exactly. */
+static inline __m256 load8(const void *p, int64_t i, const int bf16) {
+    if (!bf16) return _mm256_loadu_ps((const float *)p + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* Lane j of the result: the sum of v[j]'s 8 lanes, ((0+1)+(2+3))+((4+5)+(6+7)) whatever the
+ * other vectors hold; 6 horizontal adds and 2 lane moves for 8 sums. */
+static inline __m256 hsum8(const __m256 v[8]) {
+    const __m256 a0 = _mm256_hadd_ps(v[0], v[1]), a1 = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 a2 = _mm256_hadd_ps(v[4], v[5]), a3 = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3);
+    /* b0: v0..v3's sums of lanes 0-3, then of lanes 4-7; b1 the same of v4..v7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+
+/* Keys t0 .. t0 + result - 1: at most `most`, all in t0's block, none past len. */
+static inline int64_t chunk_of(int64_t t0, int64_t len, int bs, int most) {
+    int64_t cnt = bs - t0 % bs;
+    if (cnt > most) cnt = most;
+    return len - t0 < cnt ? len - t0 : cnt;
+}
+
+/* one_group on 8-wide registers (AVX2), D = 8 * C8 (32, 64 or 128, compile-time), G <= 16 heads
+ * a KV head. one_group scored a key with one dot product per head and a full horizontal sum
+ * each, and added every weighted V row into the outputs in memory: ~190 ns a key at the default
+ * model's shape (G 3, D 64), compute bound even from cache. Here 8 keys' partial dot products
+ * become one vector of 8 scores (hsum8), and the values pass keeps one head's 8 output vectors
+ * in registers over a block's keys (up to 16), their rows in L1 for the G heads. */
+static inline __attribute__((always_inline)) void one_group_256(
+        const void *q, const void *k_cache, const void *v_cache, const int64_t *table,
+        int64_t len, void *out, float *scores, float *lse, int H, int KVH, int kvh, int bs,
+        float scale, int window, const int G, const int C8, const int bf16) {
+    const int D = 8 * C8, h0 = kvh * G;
+    const int64_t start = (window > 0 && len > window) ? len - window : 0;
+    const int64_t n = len - start;
+    const int64_t row = (int64_t)KVH * D;
+    float qf[16 * 128], acc[16 * 128], maxs[16];
+    __m256 maxv[16];
+    for (int i = 0; i < G * D; i += 8) _mm256_storeu_ps(qf + i, load8(q, (int64_t)h0 * D + i, bf16));
+    for (int g = 0; g < G; g++) maxv[g] = _mm256_set1_ps(-INFINITY);
+    const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t t0 = start, cnt; t0 < len; t0 += cnt) {
+        cnt = chunk_of(t0, len, bs, 8);
+        const int64_t k0 = (table[t0 / bs] * bs + t0 % bs) * row + (int64_t)kvh * D;
+        const __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)cnt), lane));
+        for (int g = 0; g < G; g++) {
+            __m256 v[8], qr[C8 < 8 ? C8 : 8];  /* the head's q in registers (D <= 64) */
+            for (int c = 0; c < (C8 < 8 ? C8 : 8); c++) qr[c] = _mm256_loadu_ps(qf + g * D + 8 * c);
+            for (int i = 0; i < 8; i++) {
+                if (i >= cnt) {
+                    v[i] = _mm256_setzero_ps();
+                    continue;
+                }
+                __m256 a = _mm256_mul_ps(qr[0], load8(k_cache, k0 + i * row, bf16));
+                for (int c = 1; c < C8; c++)
+                    a = _mm256_fmadd_ps(c < 8 ? qr[c < 8 ? c : 0] : _mm256_loadu_ps(qf + g * D + 8 * c),
+                                        load8(k_cache, k0 + i * row + 8 * c, bf16), a);
+                v[i] = a;
+            }
+            const __m256 sc = _mm256_mul_ps(hsum8(v), vscale);
+            _mm256_maskstore_ps(scores + g * n + (t0 - start), _mm256_castps_si256(live), sc);
+            maxv[g] = _mm256_max_ps(maxv[g], _mm256_blendv_ps(ninf, sc, live));
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        float m[8];
+        _mm256_storeu_ps(m, maxv[g]);
+        maxs[g] = m[0];
+        for (int i = 1; i < 8; i++) maxs[g] = m[i] > maxs[g] ? m[i] : maxs[g];
+    }
+    softmax_rows(scores, maxs, G, n, lse);
+    memset(acc, 0, sizeof(float) * (size_t)G * D);
+    for (int64_t t0 = start, cnt; t0 < len; t0 += cnt) {
+        cnt = chunk_of(t0, len, bs, 16);
+        const int64_t v0 = (table[t0 / bs] * bs + t0 % bs) * row + (int64_t)kvh * D;
+        for (int g = 0; g < G; g++)
+            for (int c0 = 0; c0 < C8; c0 += 8) {  /* up to 8 output vectors at a time */
+                const int w = C8 - c0 < 8 ? C8 - c0 : 8;
+                float *o = acc + g * D + 8 * c0;
+                __m256 a[8];
+                for (int c = 0; c < w; c++) a[c] = _mm256_loadu_ps(o + 8 * c);
+                for (int i = 0; i < cnt; i++) {
+                    const __m256 p = _mm256_set1_ps(scores[g * n + (t0 - start) + i]);
+                    for (int c = 0; c < w; c++)
+                        a[c] = _mm256_fmadd_ps(p, load8(v_cache, v0 + i * row + 8 * (c0 + c), bf16), a[c]);
+                }
+                for (int c = 0; c < w; c++) _mm256_storeu_ps(o + 8 * c, a[c]);
+            }
+    }
+    for (int i = 0; i < G * D; i++) {
+        union { float f; uint32_t u; } v = {.f = acc[i]};
+        if (!bf16 || lse) ((float *)out)[(int64_t)h0 * D + i] = v.f;
+        else ((uint16_t *)out)[(int64_t)h0 * D + i] = (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+    }
+}
+
+static int group_256(const void *q, const void *k, const void *v, const int64_t *table,
+                     int64_t len, void *out, float *scores, float *lse, int H, int KVH, int kvh,
+                     int D, int bs, float scale, int window, const int bf16) {
+    const int G = H / KVH;
+    if (G > 16) return 0;
+#define G256(c8) one_group_256(q, k, v, table, len, out, scores, lse, H, KVH, kvh, bs, scale, window, G, c8, bf16)
+    switch (D) {
+    case 32: G256(4); return 1;
+    case 64: G256(8); return 1;
+    case 128: G256(16); return 1;
+    default: return 0;
+    }
+#undef G256
+}
+#else
+static int group_256(const void *q, const void *k, const void *v, const int64_t *table,
+                     int64_t len, void *out, float *scores, float *lse, int H, int KVH, int kvh,
+                     int D, int bs, float scale, int window, int bf16) {
     return 0;
 }
 #endif
 
 static void group_f32(const void *q, const void *k, const void *v, const int64_t *table,
-                      int64_t len, void *out, float *scores, int H, int KVH, int kvh, int D,
-                      int bs, float scale, int window) {
-    if (!group_512(q, k, v, table, len, out, scores, H, KVH, kvh, D, bs, scale, window, 0))
-        one_group(q, k, v, table, len, out, scores, H, KVH, kvh, D, bs, scale, window);
+                      int64_t len, void *out, float *scores, float *lse, int H, int KVH, int kvh,
+                      int D, int bs, float scale, int window) {
+    if (!group_512(q, k, v, table, len, out, scores, lse, H, KVH, kvh, D, bs, scale, window, 0)
+        && !group_256(q, k, v, table, len, out, scores, lse, H, KVH, kvh, D, bs, scale, window, 0))
+        one_group(q, k, v, table, len, out, scores, lse, H, KVH, kvh, D, bs, scale, window);
 }
 
 int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
@@ -469,7 +697,8 @@ static inline void widen(const uint16_t *src, float *dst, int d) {
 
 static void one_group_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
                            const int64_t *table, int64_t len, uint16_t *out, float *scores,
-                           int H, int KVH, int kvh, int D, int bs, float scale, int window) {
+                           float *lse, int H, int KVH, int kvh, int D, int bs, float scale,
+                           int window) {
     const int G = H / KVH, h0 = kvh * G;
     const int64_t start = (window > 0 && len > window) ? len - window : 0;
     const int64_t n = len - start;
@@ -486,11 +715,15 @@ static void one_group_bf16(const uint16_t *q, const uint16_t *k_cache, const uin
             if (sc > maxs[g]) maxs[g] = sc;
         }
     }
-    softmax_rows(scores, maxs, G, n);
+    softmax_rows(scores, maxs, G, n, lse);
     memset(acc, 0, sizeof(float) * (size_t)G * D);
     for (int64_t t = start; t < len; t++) {
         widen(v_cache + (table[t / bs] * bs + t % bs) * row + (int64_t)kvh * D, kv, D);
         for (int g = 0; g < G; g++) axpy(acc + (int64_t)g * D, scores[g * n + (t - start)], kv, D);
+    }
+    if (lse) {  /* a span: float32 out */
+        memcpy((float *)out + (int64_t)h0 * D, acc, sizeof(float) * (size_t)G * D);
+        return;
     }
     for (int i = 0; i < G * D; i++) {  /* round to nearest even */
         union { float f; uint32_t u; } v = {.f = acc[i]};
@@ -499,13 +732,14 @@ static void one_group_bf16(const uint16_t *q, const uint16_t *k_cache, const uin
 }
 
 static void group_bf16(const void *q, const void *k, const void *v, const int64_t *table,
-                       int64_t len, void *out, float *scores, int H, int KVH, int kvh, int D,
-                       int bs, float scale, int window) {
+                       int64_t len, void *out, float *scores, float *lse, int H, int KVH,
+                       int kvh, int D, int bs, float scale, int window) {
     /* the float32 register kernel on widened rows where it has the (G, D) pair: at 8 rows of a
      * verify step, ~4x faster per row than one_group_bf16's widen-to-stack loops */
-    if (!group_dpbf16(q, k, v, table, len, out, scores, KVH, kvh, H / KVH, D, bs, scale, window)
-        && !group_512(q, k, v, table, len, out, scores, H, KVH, kvh, D, bs, scale, window, 1))
-        one_group_bf16(q, k, v, table, len, out, scores, H, KVH, kvh, D, bs, scale, window);
+    if (!group_dpbf16(q, k, v, table, len, out, scores, lse, KVH, kvh, H / KVH, D, bs, scale, window)
+        && !group_512(q, k, v, table, len, out, scores, lse, H, KVH, kvh, D, bs, scale, window, 1)
+        && !group_256(q, k, v, table, len, out, scores, lse, H, KVH, kvh, D, bs, scale, window, 1))
+        one_group_bf16(q, k, v, table, len, out, scores, lse, H, KVH, kvh, D, bs, scale, window);
 }
 
 #include "paged_decode_amx.h"
