@@ -16,8 +16,9 @@ from nextok.attention.base import AttentionBackend, AttentionMetadata, PrefillCh
 
 
 class TorchRefBackend(AttentionBackend):
-    """`decode_kernel`: the C paged-decode entry point (kernels/cpu_attention.py) for float32 CPU
-    decode, bound once at construction; None keeps everything on torch ops."""
+    """`decode_kernel`: the C paged-decode entry points (kernels/cpu_attention.py) for CPU
+    decode on float32, bfloat16 or int8 caches (the runner binds them only where they take
+    its caches), bound once at construction; None keeps everything on torch ops."""
 
     name = "torch"
 
@@ -43,7 +44,7 @@ class TorchRefBackend(AttentionBackend):
             v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
         nd = meta.num_decode
-        if nd and self.decode_kernel is not None and not quantized:
+        if nd and self.decode_kernel is not None and (not quantized or k_cache.dtype == torch.int8):
             out[:nd] = self._paged_decode(self.decode_kernel, q[:nd], k_cache, v_cache,
                                           meta.decode_block_tables, meta.decode_context_lens,
                                           scale, meta.sliding_window)

@@ -105,11 +105,17 @@ class ModelRunner(StepInputs):
         if (self.device.type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16)
                 or not self.config.cpu_kernels):
             return None
-        if self.config.cache.kv_cache_dtype != "auto":  # the C kernel reads float32 caches
-            return None
-        from nextok.kernels.cpu_attention import load_paged_decode
+        from nextok.kernels.cpu_attention import load_paged_decode, q8_supported
 
-        return load_paged_decode()
+        fns = load_paged_decode()
+        kind, m = self.config.cache.kv_cache_dtype, self.config.model
+        if kind == "auto":
+            return fns
+        # int8 rows with their scale where this build has the kernel for the shape; fp8 caches
+        # (and the rest) stay on the torch path, which then needs its decode mask
+        if kind == "int8" and q8_supported(fns, m.num_attention_heads, m.num_key_value_heads, m.head_dim):
+            return fns
+        return None
 
     # ---- KV pool -------------------------------------------------------------------------
     def _kv_row(self) -> tuple[torch.dtype, int]:

@@ -6,7 +6,7 @@ import torch
 
 from nextok.attention.base import AttentionMetadata
 from nextok.attention.torch_ref import _decode, decode_mask
-from nextok.kernels.cpu_attention import load_paged_decode, paged_decode
+from nextok.kernels.cpu_attention import load_paged_decode, paged_decode, q8_supported
 
 KERNEL = load_paged_decode()
 pytestmark = pytest.mark.skipif(KERNEL is None, reason="no C compiler on this machine")
@@ -130,6 +130,57 @@ def test_long_sequences_in_key_spans(heads, kv_heads, head_dim, block_size, wind
     else:
         torch.testing.assert_close(got, want.to(dtype), rtol=2 ** -7, atol=1e-4)
         assert (got != want.to(dtype)).float().mean() < 0.01
+
+
+@pytest.mark.skipif(KERNEL is None or not q8_supported(KERNEL, 9, 3, 64), reason="no AVX2 int8-cache kernel")
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (8, 2, 128), (4, 4, 32)])
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("window", [None, 300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_caches_match_the_dequantizing_reference(heads, kv_heads, head_dim, block_size, window, dtype):
+    """--kv-cache-dtype int8 (rows of int8 values and their float32 scale): the kernel equals the
+    torch path, which dequantizes every row and runs SDPA, to float rounding (bfloat16 q and out:
+    one bf16 step); a row's result does not depend on the batch or the thread count."""
+    from nextok.attention import kv_quant
+
+    gen = torch.Generator().manual_seed(heads + block_size)
+    lens = torch.tensor([1000, 1, 40, 257, 513], dtype=torch.long)
+    max_blocks = -(-int(lens.max()) // block_size)
+    num_blocks = len(lens) * max_blocks + 1
+    kf = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    kf[2] *= 5  # rows of larger range: their own scales
+    kc = kv_quant.quantize_rows(kf, torch.int8)
+    vc = kv_quant.quantize_rows(torch.randn(kf.shape, generator=gen), torch.int8)
+    perm = torch.randperm(num_blocks - 1, generator=gen)[:len(lens) * max_blocks] + 1
+    tables = perm.view(len(lens), max_blocks).clone()
+    q = torch.randn(len(lens), heads, head_dim, generator=gen).to(dtype)
+    scale = head_dim ** -0.5
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = paged_decode(KERNEL, q, kc, vc, tables, lens, scale, window)
+        torch.set_num_threads(2)
+        got = paged_decode(KERNEL, q, kc, vc, tables, lens, scale, window)
+    finally:
+        torch.set_num_threads(threads)
+    assert got.dtype == dtype and torch.equal(got, one)
+    for i in (0, 3):
+        alone = paged_decode(KERNEL, q[i:i + 1], kc, vc, tables[i:i + 1], lens[i:i + 1], scale, window)
+        assert torch.equal(got[i:i + 1], alone), f"row {i}"
+    want = reference(q.float(), kc, vc, tables, lens, scale, window)  # dequantizes the rows
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:
+        torch.testing.assert_close(got, want.to(dtype), rtol=2 ** -7, atol=1e-4)
+        assert (got != want.to(dtype)).float().mean() < 0.01
+
+
+def test_int8_caches_of_other_shapes_are_declined():
+    """Shapes without the int8 kernel (head_dim 16, more than 16 query heads a KV head) are
+    refused, so the runner keeps them on the torch path."""
+    assert not q8_supported(KERNEL, 6, 1, 16)
+    assert not q8_supported(KERNEL, 32, 1, 64)
+    assert not q8_supported(KERNEL, 9, 2, 64)  # heads not a multiple of the KV heads
 
 
 # ---- the same source built without AMX, without AVX512_BF16, without AVX-512 -------------------
