@@ -17,17 +17,16 @@ _c_ptr, _c_int, _c_float = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
 def load_paged_decode():
     """The kernel's entry points {dtype: fn} (float32, bfloat16 caches of the query's dtype;
-    "q8": int8 caches, --kv-cache-dtype int8), or None where it cannot be built (then use the
+    ("q8", dtype): int8 caches, --kv-cache-dtype int8), or None where it cannot be built (then use the
     torch path)."""
     lib = cpu_build.load("paged_decode")
     if lib is None:
         return None
     fns = {torch.float32: lib.paged_decode_f32, torch.bfloat16: lib.paged_decode_bf16,
-           "q8": lib.paged_decode_q8}
+           ("q8", torch.float32): lib.paged_decode_q8_f32, ("q8", torch.bfloat16): lib.paged_decode_q8_bf16}
     for fn in fns.values():
         fn.restype = _c_int
         fn.argtypes = [_c_ptr] * 6 + [_c_int] * 6 + [_c_float, _c_int, _c_int]
-    fns["q8"].argtypes = fns["q8"].argtypes + [_c_int]  # q_bf16
     lib.paged_decode_q8_supported.argtypes = [_c_int] * 3
     lib.paged_decode_q8_supported.restype = _c_int
     fns["q8_supported"] = lib.paged_decode_q8_supported
@@ -54,10 +53,7 @@ def paged_decode(fns, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     args = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
             lens.data_ptr(), out.data_ptr(), b, h, k_cache.shape[2], d, k_cache.shape[1],
             tables.shape[1], scale, window or 0, torch.get_num_threads())
-    if k_cache.dtype == torch.int8:
-        rc = fns["q8"](*args, int(q.dtype == torch.bfloat16))
-    else:
-        rc = fns[q.dtype](*args)
+    rc = fns[("q8", q.dtype) if k_cache.dtype == torch.int8 else q.dtype](*args)
     if rc != 0:
         raise RuntimeError("paged_decode failed (more than 256 heads, or no memory)")
     return out

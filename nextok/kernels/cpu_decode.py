@@ -5,7 +5,8 @@ called from C in the same order with the same arguments (the same results, bit f
 
 It takes a step only when every query is one decoding token, the rows fit the block kernels'
 limit (the Python layers would switch to the dense weights past it) and the KV cache holds rows
-of the model's dtype; any other step, and any other model, runs the Python layers.
+of the model's dtype, or int8 rows (--kv-cache-dtype int8) where the paged-decode kernel reads
+them; any other step, and any other model, runs the Python layers.
 """
 from __future__ import annotations
 
@@ -57,12 +58,20 @@ class DecodeLayers:
         self._fn.argtypes = [_p, _p, _p, _i, _p, _f, _f, _p, _p, _p, _p, _p, _p, _p, _i64]
         self.num_layers = len(model.layers)
         self.fns = torch.tensor([*fused.addresses(dtype), _address(decode_kernel[dtype])], dtype=torch.int64)
+        # int8 caches: the quantizing store and the int8-cache attention (None: not taken)
+        q8 = decode_kernel.get(("q8", dtype))
+        self.fns_int8 = None if q8 is None else torch.tensor(
+            [*fused.addresses(dtype, int8_kv=True), _address(q8)], dtype=torch.int64)
         self.table = torch.tensor(layer_rows, dtype=torch.int64)  # [layers, L_COUNT]
         self.parts = torch.tensor(parts, dtype=torch.int64)  # [matrix parts, S_COUNT]
         self._biases = biases  # the float32 biases the table points at
         self.max_rows = max_rows  # the fewest rows any layer's blocks take in one call
         attn = model.layers[0].self_attn
         self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        from nextok.kernels.cpu_attention import q8_supported
+
+        if not q8_supported(decode_kernel, self.heads, self.kv_heads, self.head_dim):
+            self.fns_int8 = None
         self.hidden, self.inter, self.scale = cfg.hidden_size, cfg.intermediate_size, attn.scale
         self.eps = model.layers[0].input_layernorm.eps
         # the table with each KV pool's cache pointers, by its first and last caches' addresses
@@ -83,7 +92,7 @@ class DecodeLayers:
         if decode_kernel is None or not isinstance(fused, FusedOps):
             return None
         lib = cpu_build.load("decode_layers")
-        if lib is None or lib.decode_layers_count() != (S_COUNT << 24) | (5 << 16) | (L_COUNT << 8) | 11:
+        if lib is None or lib.decode_layers_count() != (S_COUNT << 24) | (5 << 16) | (L_COUNT << 8) | 12:
             return None
         rows, parts, biases, limit = [], [], [], 1 << 30
         for layer in model.layers:
@@ -110,10 +119,13 @@ class DecodeLayers:
 
     def takes(self, meta, rows: int, kv_caches) -> bool:
         """Is this step decoding only (one token per query), within the row limit, on caches of
-        the model's dtype?"""
+        the model's dtype (or int8 rows with their scale, where the int8 kernels are bound)?"""
         if rows > self.max_rows or meta.num_decode != rows or meta.prefills:
             return False
         k = kv_caches[0][0]
+        if k.dtype == torch.int8:
+            return (self.fns_int8 is not None and k.is_contiguous()
+                    and tuple(k.shape[2:]) == (self.kv_heads, self.head_dim + 4))
         return k.dtype == self.dtype and k.is_contiguous() and k.shape[2] * k.shape[3] == self.kv_heads * self.head_dim
 
     def _table_for(self, kv_caches) -> torch.Tensor:
@@ -124,8 +136,9 @@ class DecodeLayers:
                 raise ValueError(f"{len(kv_caches)} KV caches for {self.num_layers} layers")
             table = self.table[:len(kv_caches)].clone()
             for i, (k, v) in enumerate(kv_caches):
-                if not (k.is_contiguous() and v.is_contiguous() and k.dtype == v.dtype == self.dtype):
-                    raise ValueError(f"the C decode layers read contiguous {self.dtype} caches")
+                if not (k.is_contiguous() and v.is_contiguous() and k.dtype == v.dtype
+                        and k.dtype in (self.dtype, torch.int8)):
+                    raise ValueError(f"the C decode layers read contiguous {self.dtype} or int8 caches")
                 table[i, 2], table[i, 3] = k.data_ptr(), v.data_ptr()
             self._tables[key] = table
         return table
@@ -141,10 +154,12 @@ class DecodeLayers:
         lens = meta.decode_context_lens.contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
         residual = torch.empty_like(x)
-        dims = (_i * 11)(t, self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter,
+        int8 = k_cache.dtype == torch.int8
+        dims = (_i * 12)(t, self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter,
                          k_cache.shape[1], tables.shape[1], meta.sliding_window or 0,
-                         torch.get_num_threads(), x.element_size())
-        rc = self._fn(self.fns.data_ptr(), table.data_ptr(), self.parts.data_ptr(), table.shape[0], dims, self.eps,
+                         torch.get_num_threads(), x.element_size(), int(int8))
+        fns = self.fns_int8 if int8 else self.fns
+        rc = self._fn(fns.data_ptr(), table.data_ptr(), self.parts.data_ptr(), table.shape[0], dims, self.eps,
                       self.scale, x.data_ptr(), residual.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                       slots.data_ptr(), tables.data_ptr(), lens.data_ptr(), k_cache.shape[0] * k_cache.shape[1])
         if rc == -1:

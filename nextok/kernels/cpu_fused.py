@@ -34,11 +34,17 @@ class FusedOps:
         self._store = lib.store_kv_rows
         self._store.argtypes = [_p, _i, ctypes.c_long, ctypes.c_long, ctypes.c_long, _p, _p, _p, ctypes.c_int64]
         self._store.restype = _i
+        self._store_q8 = lib.store_kv_q8_rows
+        self._store_q8.argtypes = [_p, _i, ctypes.c_long, ctypes.c_long, _i, _i, _i, _p, _p, _p, ctypes.c_int64]
+        self._store_q8.restype = _i
 
-    def addresses(self, dtype: torch.dtype) -> tuple[int, int, int, int]:
-        """The C entry points of add_rms_norm, silu_mul, rope_neox (for `dtype`) and the KV store,
-        as addresses, for C code that calls them itself (kernels/cpu_decode.py)."""
-        fns = (self._norm[dtype], self._silu[dtype], self._rope[dtype], self._store)
+    stores_int8_kv = True  # rope_neox_store_kv also quantizes into int8 caches (Attention.attend)
+
+    def addresses(self, dtype: torch.dtype, int8_kv: bool = False) -> tuple[int, int, int, int]:
+        """The C entry points of add_rms_norm, silu_mul, rope_neox (for `dtype`) and the KV store
+        (int8_kv: store_kv_q8_rows), as addresses, for C code that calls them itself
+        (kernels/cpu_decode.py)."""
+        fns = (self._norm[dtype], self._silu[dtype], self._rope[dtype], self._store_q8 if int8_kv else self._store)
         return tuple(ctypes.cast(fn, ctypes.c_void_p).value for fn in fns)
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -79,9 +85,21 @@ class FusedOps:
                            slot_mapping: torch.Tensor) -> None:
         """rope_neox on the q and k heads of qkv [T, stride], then each row's k and v heads into
         the caches [num_blocks, block_size, KVH, D] at slot_mapping [T] (-1: not stored), as
-        kernels/ref.py; caches of another dtype (fp8) or layout take ref.py's store."""
+        kernels/ref.py; int8 caches [num_blocks, block_size, KVH, D + 4] get each head quantized
+        (attention/kv_quant.py's rows, the same bytes); caches of another dtype (fp8) or layout
+        take ref.py's store."""
         self.rope_neox(qkv, num_q_heads + num_kv_heads, head_dim, cos, sin)
         kv = num_kv_heads * head_dim
+        if (k_cache.dtype == v_cache.dtype == torch.int8 and k_cache.is_contiguous() and v_cache.is_contiguous()
+                and k_cache.shape[2:] == (num_kv_heads, head_dim + 4) and qkv.stride(1) == 1):
+            slots = slot_mapping.to(torch.int64).contiguous()
+            es = qkv.element_size()
+            rows = k_cache.shape[0] * k_cache.shape[1]
+            if self._store_q8(qkv.data_ptr(), qkv.shape[0], qkv.stride(0) * es, num_q_heads * head_dim * es,
+                              num_kv_heads, head_dim, es, k_cache.data_ptr(), v_cache.data_ptr(),
+                              slots.data_ptr(), rows) != 0:
+                raise IndexError(f"a KV slot is past the cache's {rows} rows: {slots.max().item()}")
+            return
         if (k_cache.dtype != qkv.dtype or v_cache.dtype != qkv.dtype or not k_cache.is_contiguous()
                 or not v_cache.is_contiguous() or k_cache.shape[2] * k_cache.shape[3] != kv):
             from nextok.kernels.ref import store_rotated_kv

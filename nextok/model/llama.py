@@ -42,9 +42,12 @@ class Attention(nn.Module):
         # qkv: [T, q_size + 2 * kv_size], qkv_proj's output -> o_proj's [T, hidden]
         t = qkv.shape[0]
         stored = False
-        # RoPE and the KV store in one launch, unless the cache holds int8 rows with their scale
+        # RoPE and the KV store in one launch; int8 rows with their scale only where the fused
+        # ops quantize them (the C ones: kernels/cpu_fused.py)
+        cache_dtype = kv_cache[0].dtype
         if (self.fused is not None and self.store_kv_in_rope
-                and kv_cache[0].dtype in (qkv.dtype, torch.float8_e4m3fn)):
+                and (cache_dtype in (qkv.dtype, torch.float8_e4m3fn)
+                     or (cache_dtype == torch.int8 and getattr(self.fused, "stores_int8_kv", False)))):
             self.fused.rope_neox_store_kv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
                                           *rope_cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping)
             stored = True

@@ -35,16 +35,21 @@ def run_both(llm, prompts, batch, max_tokens=12):
     return with_c, without, calls
 
 
-@pytest.mark.parametrize("dtype, activations", [("float32", "int8"), ("float32", "float32"),
-                                               ("bfloat16", "int8")])
-def test_c_decode_layers_equal_the_python_layers(model_path, dtype, activations):
+@pytest.mark.parametrize("dtype, activations, kv", [("float32", "int8", "auto"), ("float32", "float32", "auto"),
+                                                   ("bfloat16", "int8", "auto"), ("float32", "float32", "int8"),
+                                                   ("bfloat16", "int8", "int8")])
+def test_c_decode_layers_equal_the_python_layers(model_path, dtype, activations, kv):
+    """kv int8: the C store quantizes each row as the Python layers' store does (the same C
+    function on both paths) and the attention reads the int8 rows in both."""
     from nextok.kernels.cpu_gguf_linear import _rows16
 
     if dtype == "bfloat16" and _rows16() is None:
         pytest.skip("no regrouped int8 kernel here: a bfloat16 model's blocks convert x to float32")
     llm = LLM(model=model_path, dtype=dtype, gguf_activations=activations, kv_cache_memory=64 << 20,
-              enable_prefix_caching=False)  # both runs prefill alike
+              enable_prefix_caching=False, kv_cache_dtype=kv)  # both runs prefill alike
     assert llm.engine.runner.model.decode_layers is not None
+    if kv == "int8" and llm.engine.runner.model.decode_layers.fns_int8 is None:
+        pytest.skip("no int8-cache attention kernel on this CPU")
     with_c, without, calls = run_both(llm, PROMPTS[:6], batch=3)
     assert with_c == without
     # every decode step of 1-3 rows went through the C call: 11 per prompt batch after the prefill
@@ -63,12 +68,12 @@ def test_steps_past_the_row_limit_run_the_python_layers(model_path):
 
 
 @pytest.mark.parametrize("kwargs", [{"dtype": "bfloat16", "gguf_activations": "float32"},
-                                    {"gguf_blocks": False}, {"kv_cache_dtype": "int8"}])
+                                    {"gguf_blocks": False}, {"kv_cache_dtype": "fp8"}])
 def test_models_without_the_c_path_keep_the_python_layers(model_path, kwargs):
     llm = LLM(model=model_path, kv_cache_memory=64 << 20, **kwargs)
     model = llm.engine.runner.model
-    if model.decode_layers is not None:  # an int8 cache: bound, but never taken
-        assert kwargs == {"kv_cache_dtype": "int8"}
+    if model.decode_layers is not None:  # an fp8 cache: bound, but never taken
+        assert kwargs == {"kv_cache_dtype": "fp8"}
         calls = []
         real_run = model.decode_layers.run
         model.decode_layers.run = lambda *a: calls.append(1) or real_run(*a)

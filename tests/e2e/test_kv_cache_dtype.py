@@ -44,6 +44,33 @@ def test_greedy_output_stays_close(engines):
         assert same >= least, f"{kind}: {same} of 20 prompts give the float cache's {NEW} tokens"
 
 
+def test_int8_cache_decodes_through_the_c_kernel(engines):
+    """Where the build has the int8-cache kernel (AVX2) the runner binds it, decode steps take
+    it, and its greedy tokens are the torch path's (which dequantizes every row and runs SDPA:
+    the same int8 rows, float rounding apart)."""
+    backend = engines["int8"].engine.runner.model.backend
+    if backend.decode_kernel is None:
+        pytest.skip("no int8-cache kernel on this CPU")
+    tok = engines["int8"].get_tokenizer()
+    prompts = [tok.encode(p) for p in PROMPTS[:8]]
+    params = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
+    calls = []
+    real = backend._paged_decode
+    backend._paged_decode = lambda *a: calls.append(1) or real(*a)
+    try:
+        ours = [o.outputs[0].token_ids for o in engines["int8"].generate(prompts, params)]
+    finally:
+        backend._paged_decode = real
+    assert calls
+    kernel = backend.decode_kernel
+    backend.decode_kernel, backend.needs_decode_mask = None, True
+    try:
+        ref = [o.outputs[0].token_ids for o in engines["int8"].generate(prompts, params)]
+    finally:
+        backend.decode_kernel, backend.needs_decode_mask = kernel, False
+    assert sum(a == b for a, b in zip(ours, ref)) >= 7
+
+
 def test_perplexity_moves_little(engines):
     from nextok.eval.ppl import evaluate
 

@@ -109,6 +109,40 @@ def test_rope_and_kv_store_in_one_call(dtype, rows):
     assert all(torch.equal(c, b) for c, b in zip(caches, before))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("magnitude", [1e-3, 1.0, 300.0])
+def test_rope_and_kv_store_into_an_int8_cache_quantize_as_kv_quant(dtype, magnitude):
+    """int8 caches (rows of D int8 and a float32 scale): the C store writes the very bytes
+    attention/kv_quant.py's store writes for the rotated k and the v heads (so the C decode
+    layers and any torch path read the same rows); an all-zero head gets scale 1; a slot past the
+    cache writes nothing."""
+    from nextok.attention import kv_quant
+
+    heads, kv_heads, d, blocks, bs, rows = 9, 3, 64, 4, 16, 7
+    gen = torch.Generator().manual_seed(int(magnitude * 1000))
+    qkv = (torch.randn(rows, (heads + 2 * kv_heads) * d + 8, generator=gen) * magnitude).to(dtype)[:, :-8]
+    qkv[1, (heads + 1) * d:(heads + 2) * d] = 0  # one k head of zeros
+    angles = torch.rand(rows, d // 2, generator=gen) * 50
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    slots = torch.tensor([0, 3, -1, 5, 9, 15, 62])
+    got = [torch.zeros(blocks, bs, kv_heads, d + 4, dtype=torch.int8) for _ in range(2)]
+    want = [c.clone() for c in got]
+    want_qkv = qkv.clone()
+    OPS.rope_neox(want_qkv, heads + kv_heads, d, cos, sin)
+    k = want_qkv[:, heads * d:(heads + kv_heads) * d].reshape(rows, kv_heads, d)
+    v = want_qkv[:, (heads + kv_heads) * d:].reshape(rows, kv_heads, d)
+    kv_quant.store(*want, k, v, slots)
+    OPS.rope_neox_store_kv(qkv, heads, kv_heads, d, cos, sin, *got, slots)
+    assert torch.equal(qkv, want_qkv)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    zero_row = got[0].view(-1, kv_heads, d + 4)[3, 1]
+    assert not zero_row[:d].any() and zero_row[d:].view(torch.float32).item() == 1.0
+    before = [c.clone() for c in got]
+    with pytest.raises(IndexError, match="past the cache"):
+        OPS.rope_neox_store_kv(qkv, heads, kv_heads, d, cos, sin, *got, torch.full((rows,), blocks * bs))
+    assert all(torch.equal(c, b) for c, b in zip(got, before))
+
+
 def test_rope_and_kv_store_into_an_fp8_cache_take_the_reference_store():
     from nextok.kernels.ref import RefFusedOps
 

@@ -31,11 +31,16 @@ typedef void (*rope_fn)(void *qkv, int rows, int stride, int heads, int d, const
                         const void *sin, int threads);
 typedef int (*store_fn)(const char *qkv, int rows, long stride_bytes, long k_off, long kv_bytes,
                         char *k_cache, char *v_cache, const int64_t *slots, int64_t cache_rows);
+/* int8 caches (D_KV_INT8): fused_ops.c's store_kv_q8_rows, which quantizes each head's row */
+typedef int (*store_q8_fn)(const char *qkv, int rows, long stride_bytes, long k_off, int kv_heads,
+                           int d, int elem, char *k_cache, char *v_cache, const int64_t *slots,
+                           int64_t cache_rows);
 typedef int (*attn_fn)(const void *q, const void *k_cache, const void *v_cache,
                        const int64_t *tables, const int64_t *lens, void *out, int B, int H,
                        int KVH, int D, int bs, int max_blocks, float scale, int window, int threads);
 
-/* fns: the kernels' addresses, in this order */
+/* fns: the kernels' addresses, in this order (with int8 caches F_STORE is a store_q8_fn and
+ * F_ATTN paged_decode_q8_f32 / _bf16) */
 enum { F_NORM, F_SILU, F_ROPE, F_STORE, F_ATTN, F_COUNT };
 /* one layer's row of `layers`: pointers, then for each matmul its first row in `segs`, how many
  * parts it has and its float32 bias (0: none) */
@@ -46,7 +51,7 @@ enum { L_IN_NORM, L_POST_NORM, L_K_CACHE, L_V_CACHE,
 enum { S_FN, S_BLOCKS, S_TYPE, S_ROWS, S_COUNT };
 /* dims, in this order */
 enum { D_ROWS, D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_INTER, D_BLOCK_SIZE, D_MAX_BLOCKS,
-       D_WINDOW, D_THREADS, D_ELEM, D_COUNT };
+       D_WINDOW, D_THREADS, D_ELEM, D_KV_INT8, D_COUNT };
 
 int decode_layers_count(void) { return (S_COUNT << 24) | (F_COUNT << 16) | (L_COUNT << 8) | D_COUNT; }
 
@@ -110,8 +115,12 @@ int decode_layers(const int64_t *fns, const int64_t *layers, const int64_t *segs
              i != 0, threads);
         if ((rc = matmul(l, L_QKV, segs, hn, t, e, stride, qkv, tmp, es, threads))) break;
         rope(qkv, t, stride, h + kvh, d, cos, sin, threads);
-        if (store(qkv, t, (long)(stride * es), (long)(q_size * es), (long)(kv_size * es),
-                  (char *)(intptr_t)l[L_K_CACHE], (char *)(intptr_t)l[L_V_CACHE], slots, cache_rows)) {
+        char *k_cache = (char *)(intptr_t)l[L_K_CACHE], *v_cache = (char *)(intptr_t)l[L_V_CACHE];
+        if (dims[D_KV_INT8] ? ((store_q8_fn)(intptr_t)fns[F_STORE])(qkv, t, (long)(stride * es),
+                                                                   (long)(q_size * es), kvh, d, (int)es,
+                                                                   k_cache, v_cache, slots, cache_rows)
+                            : store(qkv, t, (long)(stride * es), (long)(q_size * es), (long)(kv_size * es),
+                                    k_cache, v_cache, slots, cache_rows)) {
             rc = -1;
             break;
         }

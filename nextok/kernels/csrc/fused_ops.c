@@ -11,6 +11,8 @@
  *                 cos/sin [T, D/2]
  *   store_kv_rows each row's k heads and v heads of qkv (after the q heads) into the caches'
  *                 rows [N * block_size, KVH * D] at slots [T] (-1: not stored)
+ *   store_kv_q8_rows the same into int8 caches (--kv-cache-dtype int8), each head's D values
+ *                 quantized to a row of D int8 and a float32 scale
  * Rows are split over threads only when a step has enough of them to pay for waking them.
  */
 #include <math.h>
@@ -217,6 +219,46 @@ int store_kv_rows(const char *qkv, int rows, long stride_bytes, long k_off, long
         const char *k = qkv + (size_t)t * stride_bytes + k_off;
         memcpy(k_cache + (size_t)s * kv_bytes, k, (size_t)kv_bytes);
         memcpy(v_cache + (size_t)s * kv_bytes, k + kv_bytes, (size_t)kv_bytes);
+    }
+    return 0;
+}
+
+/* value i of x: float32 (elem 4) or bfloat16 bits (elem 2) */
+static inline float value_of(const char *x, int i, int elem) {
+    return elem == 4 ? ((const float *)x)[i] : bf2f(((const uint16_t *)x)[i]);
+}
+
+/* One head's d values (float32, elem 4, or bfloat16, elem 2) -> d int8 and a float32 scale, as
+ * attention/kv_quant.py's quantize_rows: s = max|x| / 127 (1 where that is 0), q = x / s rounded
+ * half to even and clamped to +-127 (the same float32 operations: the same bytes). */
+static void quantize_row_q8(const char *x, int d, int elem, int8_t *dst) {
+    float amax = 0.f;
+    for (int i = 0; i < d; i++) amax = fmaxf(amax, fabsf(value_of(x, i, elem)));
+    float s = amax / 127.f;
+    if (!(s > 0.f)) s = 1.f;
+    for (int i = 0; i < d; i++) {
+        const float q = rintf(value_of(x, i, elem) / s);
+        dst[i] = (int8_t)(q > 127.f ? 127.f : q < -127.f ? -127.f : q);
+    }
+    memcpy(dst + d, &s, sizeof s);
+}
+
+/* store_kv_rows for int8 caches [N * block_size, KVH, D + 4]: the k heads at k_off bytes into
+ * each row of qkv, the v heads right after them. Returns 0, or -1 (nothing written) for a slot
+ * past the caches. */
+int store_kv_q8_rows(const char *qkv, int rows, long stride_bytes, long k_off, int kv_heads, int d,
+                     int elem, char *k_cache, char *v_cache, const int64_t *slots, int64_t cache_rows) {
+    for (int t = 0; t < rows; t++)
+        if (slots[t] >= cache_rows) return -1;
+    const size_t head = (size_t)d * elem, row = (size_t)d + 4;
+    for (int t = 0; t < rows; t++) {
+        const int64_t s = slots[t];
+        if (s < 0) continue;
+        const char *k = qkv + (size_t)t * stride_bytes + k_off, *v = k + kv_heads * head;
+        for (int h = 0; h < kv_heads; h++) {
+            quantize_row_q8(k + h * head, d, elem, (int8_t *)k_cache + ((size_t)s * kv_heads + h) * row);
+            quantize_row_q8(v + h * head, d, elem, (int8_t *)v_cache + ((size_t)s * kv_heads + h) * row);
+        }
     }
     return 0;
 }

@@ -635,18 +635,27 @@ int paged_decode_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t
 }
 
 /* int8 caches (attention/kv_quant.py: [num_blocks, block_size, KVH, D + 4] int8, each row's
- * float32 scale after its values) with float32 (q_bf16 = 0) or bfloat16 q and out. Returns -3
- * where this build has no kernel for the shape (paged_decode_q8_supported), else as
- * paged_decode_f32. Before it the torch path gathered and dequantized the whole context every
- * layer: ~3 ms a layer at 1000 keys on the 2-core AVX2 machine. */
+ * float32 scale after its values) with float32 (_f32) or bfloat16 (_bf16) q and out, the
+ * arguments as paged_decode_f32's. Returns -3 where this build has no kernel for the shape
+ * (paged_decode_q8_supported), else as paged_decode_f32. Before them the torch path gathered
+ * and dequantized the whole context every layer: ~3 ms a layer at 1000 keys on the 2-core AVX2
+ * machine. */
 int paged_decode_q8_supported(int H, int KVH, int D) { return q8_shape_ok(H, KVH, D); }
 
-int paged_decode_q8(const void *q, const int8_t *k_cache, const int8_t *v_cache,
-                    const int64_t *block_tables, const int64_t *context_lens, void *out,
-                    int B, int H, int KVH, int D, int bs, int max_blocks, float scale,
-                    int window, int num_threads, int q_bf16) {
+int paged_decode_q8_f32(const float *q, const int8_t *k_cache, const int8_t *v_cache,
+                        const int64_t *block_tables, const int64_t *context_lens, float *out,
+                        int B, int H, int KVH, int D, int bs, int max_blocks, float scale,
+                        int window, int num_threads) {
     if (!q8_shape_ok(H, KVH, D)) return -3;
-    return decode_groups(q_bf16 ? group_q8_bf16 : group_q8_f32, q_bf16 ? 2 : 4, q, k_cache, v_cache,
-                         block_tables, context_lens, out, B, H, KVH, D, bs, max_blocks, scale,
-                         window, num_threads);
+    return decode_groups(group_q8_f32, 4, q, k_cache, v_cache, block_tables, context_lens, out, B,
+                         H, KVH, D, bs, max_blocks, scale, window, num_threads);
+}
+
+int paged_decode_q8_bf16(const uint16_t *q, const int8_t *k_cache, const int8_t *v_cache,
+                         const int64_t *block_tables, const int64_t *context_lens, uint16_t *out,
+                         int B, int H, int KVH, int D, int bs, int max_blocks, float scale,
+                         int window, int num_threads) {
+    if (!q8_shape_ok(H, KVH, D)) return -3;
+    return decode_groups(group_q8_bf16, 2, q, k_cache, v_cache, block_tables, context_lens, out, B,
+                         H, KVH, D, bs, max_blocks, scale, window, num_threads);
 }
