@@ -76,7 +76,8 @@ def run(args) -> int:
         print(f"round {r + 1}/{args.repeats} done", flush=True)
     bw = copy_bandwidth(device)
     mc = main.config.model
-    kv_per_token = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * _elem(main.config.dtype)
+    # the pool's own rows (--kv-cache-dtype int8: D + 4 bytes; fp8: D), all layers, K and V
+    kv_per_token = main.runner.kv_bytes_per_block() // main.runner.block_size
     weights = weight_bytes(model, decode=True)
     summary = {}
     for name in engines:
@@ -110,10 +111,6 @@ def run(args) -> int:
     if args.output:
         write_json(args.output, result)
     return 0
-
-
-def _elem(dtype: str) -> int:
-    return torch.tensor([], dtype=getattr(torch, dtype)).element_size()
 
 
 def _sync(device: torch.device) -> None:

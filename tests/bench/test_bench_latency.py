@@ -35,3 +35,15 @@ def test_latency_run_writes_its_figures(tmp_path, model_path):
                 / (r["copy_bandwidth_GBps"] * 1e9) * 1e3
             assert abs(row["roofline_ms"] - expect) < 1e-6 * expect
             assert abs(row["fraction_of_roofline"] - row["roofline_ms"] / row["decode_step_ms"]) < 1e-9
+
+
+def test_latency_roofline_counts_the_pools_own_rows(tmp_path, model_path):
+    """--kv-cache-dtype int8: a token's cached rows are D int8 and a float32 scale per layer, K
+    and V, KV head (the roofline once counted the model's float32 width)."""
+    out = tmp_path / "latency.json"
+    assert main(["bench", "latency", "--model", model_path, "--batch-sizes", "1", "--input-len", "16",
+                 "--output-len", "2", "--repeats", "1", "--kv-cache-memory", "32MiB",
+                 "--kv-cache-dtype", "int8", "--output", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["kv_bytes_per_token"] == 2 * 30 * 3 * (64 + 4)
+    assert r["memory"]["kv_cache_dtype"] == "int8"
