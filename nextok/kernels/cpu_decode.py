@@ -58,10 +58,6 @@ class DecodeLayers:
         self._fn.argtypes = [_p, _p, _p, _i, _p, _f, _f, _p, _p, _p, _p, _p, _p, _p, _i64]
         self.num_layers = len(model.layers)
         self.fns = torch.tensor([*fused.addresses(dtype), _address(decode_kernel[dtype])], dtype=torch.int64)
-        # int8 caches: the quantizing store and the int8-cache attention (None: not taken)
-        q8 = decode_kernel.get(("q8", dtype))
-        self.fns_int8 = None if q8 is None else torch.tensor(
-            [*fused.addresses(dtype, int8_kv=True), _address(q8)], dtype=torch.int64)
         self.table = torch.tensor(layer_rows, dtype=torch.int64)  # [layers, L_COUNT]
         self.parts = torch.tensor(parts, dtype=torch.int64)  # [matrix parts, S_COUNT]
         self._biases = biases  # the float32 biases the table points at
@@ -70,8 +66,11 @@ class DecodeLayers:
         self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         from nextok.kernels.cpu_attention import q8_supported
 
-        if not q8_supported(decode_kernel, self.heads, self.kv_heads, self.head_dim):
-            self.fns_int8 = None
+        # int8 caches: the quantizing store and the int8-cache attention (None: not taken)
+        self.fns_int8 = None
+        if q8_supported(decode_kernel, self.heads, self.kv_heads, self.head_dim):
+            self.fns_int8 = torch.tensor([*fused.addresses(dtype, int8_kv=True),
+                                          _address(decode_kernel[("q8", dtype)])], dtype=torch.int64)
         self.hidden, self.inter, self.scale = cfg.hidden_size, cfg.intermediate_size, attn.scale
         self.eps = model.layers[0].input_layernorm.eps
         # the table with each KV pool's cache pointers, by its first and last caches' addresses

@@ -91,6 +91,24 @@ def test_verify_rows_equal_each_row_alone(heads, kv_heads, head_dim, block_size,
     torch.testing.assert_close(got, want, **tol)
 
 
+def invariant_output(q, kc, vc, tables, lens, scale, window, rows):
+    """The kernel's output, checked to have the same bits at 1 and 2 threads, and for each of
+    `rows` alone as in the batch."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = paged_decode(KERNEL, q, kc, vc, tables, lens, scale, window)
+        torch.set_num_threads(2)
+        got = paged_decode(KERNEL, q, kc, vc, tables, lens, scale, window)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(got, one)
+    for i in rows:
+        alone = paged_decode(KERNEL, q[i:i + 1], kc, vc, tables[i:i + 1], lens[i:i + 1], scale, window)
+        assert torch.equal(got[i:i + 1], alone), f"row {i}"
+    return got
+
+
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (8, 2, 128), (6, 1, 16)])
 @pytest.mark.parametrize("block_size", [1, 16, 24])
 @pytest.mark.parametrize("window", [None, 300, 700])
@@ -112,18 +130,7 @@ def test_long_sequences_in_key_spans(heads, kv_heads, head_dim, block_size, wind
     tables = perm.view(len(lens), max_blocks).clone()
     q = torch.randn(len(lens), heads, head_dim, generator=gen).to(dtype)
     scale = head_dim ** -0.5
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = paged_decode(KERNEL, q, kc, vc, tables, lens, scale, window)
-        torch.set_num_threads(2)
-        got = paged_decode(KERNEL, q, kc, vc, tables, lens, scale, window)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(got, one)
-    for i in (0, 2, 4):
-        alone = paged_decode(KERNEL, q[i:i + 1], kc, vc, tables[i:i + 1], lens[i:i + 1], scale, window)
-        assert torch.equal(got[i:i + 1], alone), f"row {i}"
+    got = invariant_output(q, kc, vc, tables, lens, scale, window, rows=(0, 2, 4))
     want = reference(q.float(), kc.float(), vc.float(), tables, lens, scale, window)
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -155,18 +162,8 @@ def test_int8_caches_match_the_dequantizing_reference(heads, kv_heads, head_dim,
     tables = perm.view(len(lens), max_blocks).clone()
     q = torch.randn(len(lens), heads, head_dim, generator=gen).to(dtype)
     scale = head_dim ** -0.5
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = paged_decode(KERNEL, q, kc, vc, tables, lens, scale, window)
-        torch.set_num_threads(2)
-        got = paged_decode(KERNEL, q, kc, vc, tables, lens, scale, window)
-    finally:
-        torch.set_num_threads(threads)
-    assert got.dtype == dtype and torch.equal(got, one)
-    for i in (0, 3):
-        alone = paged_decode(KERNEL, q[i:i + 1], kc, vc, tables[i:i + 1], lens[i:i + 1], scale, window)
-        assert torch.equal(got[i:i + 1], alone), f"row {i}"
+    got = invariant_output(q, kc, vc, tables, lens, scale, window, rows=(0, 3))
+    assert got.dtype == dtype
     want = reference(q.float(), kc, vc, tables, lens, scale, window)  # dequantizes the rows
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

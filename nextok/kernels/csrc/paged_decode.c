@@ -191,7 +191,7 @@ static int decode_groups(group_fn group, int elem, const void *q, const void *k_
     }
     first[B] = tasks;
     if (max_n > span) max_n = span;  /* the most keys one task reads */
-    int *seq_of = malloc(sizeof(int) * (size_t)tasks);
+    int *seq_of = malloc(sizeof(int) * (size_t)(tasks + 1));
     float *lses = malloc(sizeof(float) * (size_t)(slots * H + 1));
     float *parts = malloc(sizeof(float) * (size_t)(slots * H * D + 1));
     int failed = !seq_of || !lses || !parts;
