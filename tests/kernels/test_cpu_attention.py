@@ -226,3 +226,51 @@ def test_fallback_builds_match_the_reference(name, tmp_path):
         assert torch.equal(got[i:i + 1], paged_decode(fns, q[i:i + 1], kc, vc, tables[i:i + 1], lens[i:i + 1], 0.125, None))
     want = reference(q.float(), kc.float(), vc.float(), tables, lens, 0.125, None).bfloat16()
     torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-4)
+
+
+def test_avx512_kernel_emulated_matches_the_reference(tmp_path):
+    """The AVX-512 kernel's code (one_group_512: float32, and bfloat16 rows widened as CPUs
+    without AVX512_BF16 do), built against plain-C stand-ins for its intrinsics
+    (tests/kernels/avx512_emulation/immintrin.h): with key spans, windows and the merge, it matches
+    the reference and keeps a row's bits alone and in the batch, on machines without AVX-512 too."""
+    import ctypes
+    import os
+    import platform
+    import subprocess
+
+    from nextok.kernels import cpu_build
+
+    cc = cpu_build._compiler()
+    if platform.machine() not in ("x86_64", "AMD64") or cc is None:
+        pytest.skip("an x86-64 C compiler is needed")
+    out = os.path.join(tmp_path, "paged_decode_avx512_emulated.so")
+    emulation = os.path.join(os.path.dirname(__file__), "avx512_emulation")
+    cmd = [cc, "-O1", "-ffp-contract=off", "-march=x86-64", "-fopenmp", "-shared", "-fPIC", "-std=gnu11",
+           "-D__AVX512F__", "-I", emulation, "-o", out, os.path.join(cpu_build.CSRC, "paged_decode.c"), "-lm"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lib = ctypes.CDLL(out)
+    fns = {}
+    for dtype, name in ((torch.float32, "paged_decode_f32"), (torch.bfloat16, "paged_decode_bf16")):
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+        fns[dtype] = fn
+    for (heads, kv_heads, head_dim), window, dtype in [((9, 3, 64), None, torch.float32), ((8, 4, 128), 300, torch.float32),
+                                                       ((9, 3, 64), 300, torch.bfloat16), ((8, 4, 128), None, torch.bfloat16)]:
+        gen = torch.Generator().manual_seed(heads + head_dim)
+        lens, bs = torch.tensor([600, 3, 257, 40]), 16
+        max_blocks = -(-int(lens.max()) // bs)
+        kc = torch.randn(len(lens) * max_blocks + 1, bs, kv_heads, head_dim, generator=gen).to(dtype)
+        vc = torch.randn(kc.shape, generator=gen).to(dtype)
+        tables = (torch.randperm(len(lens) * max_blocks, generator=gen) + 1).view(len(lens), max_blocks)
+        q = torch.randn(len(lens), heads, head_dim, generator=gen).to(dtype)
+        got = paged_decode(fns, q, kc, vc, tables, lens, head_dim ** -0.5, window)
+        for i in (0, 2):
+            alone = paged_decode(fns, q[i:i + 1], kc, vc, tables[i:i + 1], lens[i:i + 1], head_dim ** -0.5, window)
+            assert torch.equal(got[i:i + 1], alone)
+        want = reference(q.float(), kc.float(), vc.float(), tables, lens, head_dim ** -0.5, window)
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        else:
+            torch.testing.assert_close(got, want.to(dtype), rtol=2 ** -7, atol=1e-4)

@@ -1,7 +1,8 @@
-/* The AVX-512 intrinsics csrc/gguf_rows16.c's AVX-512 VNNI kernel uses, in plain C, lane by lane,
- * so that kernel's code can run (slowly) and be checked on a CPU without AVX-512
- * (tests/kernels/test_cpu_gguf_int8.py builds it with -I this folder and the AVX-512 macros
- * defined, instead of the compiler's own immintrin.h). Each function does what Intel's guide
+/* The AVX-512 intrinsics csrc/gguf_rows16.c's AVX-512 VNNI kernel and csrc/paged_decode.c's
+ * AVX-512 attention kernel (one_group_512) use, in plain C, lane by lane, so their code can run
+ * (slowly) and be checked on a CPU without AVX-512 (tests/kernels/test_cpu_gguf_int8.py and
+ * test_cpu_attention.py build them with -I this folder and the AVX-512 macros defined, instead
+ * of the compiler's own immintrin.h). Each function does what Intel's guide
  * says of its instruction for the operands the kernel gives it: conversions round to nearest
  * even, vpmov* truncate, vpdpbusd wraps, fmadd rounds once (build with -ffp-contract=off so that
  * mul_ps and add do not fuse where the hardware would not). */
@@ -12,7 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef union { float f[16]; int32_t i[16]; uint32_t u[16]; uint16_t h[32]; uint8_t b[64]; } __m512, __m512i;
+typedef union { float f[16]; int32_t i[16]; uint32_t u[16]; uint16_t h[32]; uint8_t b[64]; double d[8]; } __m512, __m512i, __m512d;
 typedef union { int32_t i[8]; uint16_t h[16]; uint8_t b[32]; } __m256i;
 typedef union { int32_t i[4]; uint8_t b[16]; int8_t s[16]; } __m128i;
 typedef uint16_t __mmask16;
@@ -74,6 +75,53 @@ static inline void _mm512_mask_storeu_ps(void *p, __mmask16 k, __m512 a) {
 }
 static inline void _mm256_mask_storeu_epi16(void *p, __mmask16 k, __m256i a) {
     LANES(if (k >> l & 1) memcpy((uint16_t *)p + l, &a.h[l], 2));
+}
+
+/* one_group_512's transposing sum and running maxima */
+#define _MM_SHUFFLE(a, b, c, d) (((a) << 6) | ((b) << 4) | ((c) << 2) | (d))
+static inline __m512d _mm512_castps_pd(__m512 a) { return a; }
+static inline __m512 _mm512_castpd_ps(__m512d a) { return a; }
+static inline __m512 _mm512_add_ps(__m512 a, __m512 b) { __m512 r; LANES(r.f[l] = a.f[l] + b.f[l]); return r; }
+static inline void _mm512_storeu_ps(void *p, __m512 a) { memcpy(p, &a, 64); }
+static inline void _mm256_storeu_si256(void *p, __m256i a) { memcpy(p, &a, 32); }
+static inline __m512 _mm512_mask_max_ps(__m512 src, __mmask16 k, __m512 a, __m512 b) {
+    __m512 r;
+    LANES(r.f[l] = (k >> l & 1) ? (a.f[l] > b.f[l] ? a.f[l] : b.f[l]) : src.f[l]);
+    return r;
+}
+/* per 128-bit lane j: unpacklo [a0 b0 a1 b1], unpackhi [a2 b2 a3 b3] (floats of that lane) */
+static inline __m512 _mm512_unpacklo_ps(__m512 a, __m512 b) {
+    __m512 r;
+    for (int j = 0; j < 4; j++) {
+        r.f[4 * j] = a.f[4 * j], r.f[4 * j + 1] = b.f[4 * j];
+        r.f[4 * j + 2] = a.f[4 * j + 1], r.f[4 * j + 3] = b.f[4 * j + 1];
+    }
+    return r;
+}
+static inline __m512 _mm512_unpackhi_ps(__m512 a, __m512 b) {
+    __m512 r;
+    for (int j = 0; j < 4; j++) {
+        r.f[4 * j] = a.f[4 * j + 2], r.f[4 * j + 1] = b.f[4 * j + 2];
+        r.f[4 * j + 2] = a.f[4 * j + 3], r.f[4 * j + 3] = b.f[4 * j + 3];
+    }
+    return r;
+}
+/* per 128-bit lane j: unpacklo [a0 b0], unpackhi [a1 b1] (doubles of that lane) */
+static inline __m512d _mm512_unpacklo_pd(__m512d a, __m512d b) {
+    __m512d r;
+    for (int j = 0; j < 4; j++) r.d[2 * j] = a.d[2 * j], r.d[2 * j + 1] = b.d[2 * j];
+    return r;
+}
+static inline __m512d _mm512_unpackhi_pd(__m512d a, __m512d b) {
+    __m512d r;
+    for (int j = 0; j < 4; j++) r.d[2 * j] = a.d[2 * j + 1], r.d[2 * j + 1] = b.d[2 * j + 1];
+    return r;
+}
+/* 128-bit lanes: a's imm[1:0], a's imm[3:2], b's imm[5:4], b's imm[7:6] */
+static inline __m512 _mm512_shuffle_f32x4(__m512 a, __m512 b, int imm) {
+    __m512 r;
+    for (int j = 0; j < 4; j++) memcpy(&r.f[4 * j], &(j < 2 ? a : b).f[4 * (imm >> (2 * j) & 3)], 16);
+    return r;
 }
 
 #undef LANES
