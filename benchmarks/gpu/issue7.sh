@@ -75,7 +75,7 @@ w4a16)
         step W4A16 dp4a tile sweep, Llama-3.1-8B layer shapes
         run_for ${T_PROBE:-240} python3 benchmarks/gpu/w4a16_probe.py "$OUT/w4a16-probe.json" "$OUT/w4a16-table.json" \
             ${PROBE_SHAPES:-6144x4096,4096x4096,28672x4096,4096x14336} 2>&1 | grep -v "^  " | tail -12
-        # (a sweep cut short writes no table: the committed one then)
+        # (a sweep cut short keeps the shapes it finished, the committed tiles for the rest)
         [ -f "$OUT/w4a16-table.json" ] && export NEXTOK_W4A16_CONFIGS=$OUT/w4a16-table.json
     fi
     if [ -n "${PROFILE:-}" ]; then  # where an int4 step's time goes, kernel by kind

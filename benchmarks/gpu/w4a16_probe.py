@@ -49,15 +49,18 @@ ROW_COUNTS = [int(r) for r in os.environ.get("PROBE_ROWS", "1,4,8").split(",")] 
 # UNROLL: the loop in turns of DEPTH + 1 tiles with buffers of their own (no moves; at DEPTH 2
 # the loads really two tiles ahead): 479 / 477 instructions a tile at gate_up's, 294 at down's
 # (BLOCK_N 64, DEPTH 2), against 512 and 336 (sm_90). BLOCK_N 256 with UNROLL spills.
+# PROBE_SPLITK=0: none of these (nor PIPE's split-K tiles below), for a sweep of the stream's
+# tiles alone within a short call (each tile is compiled once, ~1 s, on a fresh machine)
+SPLITK = os.environ.get("PROBE_SPLITK", "1") != "0"
 DP4A = [dict(BLOCK_N=bn, TW=32, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1, DEPTH=dp, XAHEAD=1,
              UNROLL=un)
         for bn, nw, sp, dp, un in itertools.product((64, 128, 256), (4, 8), (2, 4, 8), (1, 2), (0, 1))
-        if not (bn == 256 and (un or dp == 2)) and not (bn == 64 and nw == 8)]
+        if SPLITK and not (bn == 256 and (un or dp == 2)) and not (bn == 64 and nw == 8)]
 # (SPLIT 16 and BLOCK_N 64 at 8 warps were never among the five best at an 8B shape, 2026-12-05)
 # PIPE: the loop's loads pipelined by Triton through shared memory, 2 tiles ahead (w4a16.py). On
 # an H100 (2026-12-07-gguf-h100.md) never the best: 1.03-1.13x the best tile's time at each 8B
 # shape; 4 tiles ahead (PIPE 5) slower still. Swept for the H200, whose DRAM is faster.
-if os.environ.get("PROBE_PIPE", "1") != "0":
+if SPLITK and os.environ.get("PROBE_PIPE", "1") != "0":
     DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=nw, num_stages=3, SPLIT=sp, BLOCK_M=1, PIPE=3)
              for bn, nw, sp in itertools.product((64, 128, 256), (4, 8), (2, 4, 8)) if not (bn == 64 and nw == 8)]
 # and one row as a stream (_w4a16_stream_kernel) on 1-4 programs an SM (PROBE_STREAM=0: not)
@@ -186,7 +189,8 @@ def main() -> int:
                   flush=True)
         del bfs, packed, packed_other
         torch.cuda.empty_cache()
-    write_results(table, table_path, out_path, LAYOUT, rows, dev)
+        # after every shape: a sweep cut short by its call's deadline keeps the shapes it did
+        write_results(table, table_path, out_path, LAYOUT, rows, dev)
     return 0
 
 
@@ -209,6 +213,7 @@ def time_tile(cfg: dict, x, packed: list, ref, copies: int, layout) -> dict | No
 def write_results(table: dict, table_path: str, out_path: str, layout, rows: list, dev) -> None:
     """TABLE: the probed tiles over the repo's table for this GPU (the row classes and shapes
     not probed stay); OUT: every timing, with the machine and commit."""
+    table = {shape: dict(entry) for shape, entry in table.items()}  # (the caller's, unchanged)
     kept = tiles._tuned(torch.cuda.get_device_name(dev))
     for shape, entry in kept.items():
         for cls, tile in entry.items():
