@@ -77,6 +77,10 @@ if os.environ.get("PROBE_STREAM", "1") != "0":
         DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=4, num_stages=3, SPLIT=1, BLOCK_M=1, STREAM=per_sm * SMS,
                       PIPE=pipe, TMA=1, XRUN=1)
                  for bn, per_sm, pipe in itertools.product((64, 128), (1, 2, 3, 4), (3, 4, 5))]
+        # deeper: 5-7 steps of 8 KB in flight a program, for DRAM whose latency x bandwidth
+        # the loop's own loads do not cover
+        DP4A += [dict(BLOCK_N=64, TW=32, num_warps=4, num_stages=3, SPLIT=1, BLOCK_M=1, STREAM=per_sm * SMS,
+                      PIPE=pipe, TMA=1, XRUN=1) for per_sm, pipe in itertools.product((2, 3, 4), (6, 8))]
 # XRUN: x's fixed point per run of 4 words, whose products add up in dp4a's accumulator (w4a16.py);
 # one row: beside the stream's, at the split-K tiles that won on either card
 DP4A += [dict(BLOCK_N=bn, TW=32, num_warps=4, num_stages=3, SPLIT=sp, BLOCK_M=1, DEPTH=1, XAHEAD=1, XRUN=1)
