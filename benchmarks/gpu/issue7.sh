@@ -262,25 +262,30 @@ w8)
     ;;
 plan)
     # What item 4 still needs, most needed first, under one call's deadline (DEADLINE=S; a step
-    # that would not finish is skipped). On an H200: the CUDA tests of the fp8 cache's decode on
-    # int32 words and of W4A16's XRUN; the W4A16 sweep at 1, 4 and 8 rows (SKIP_PROBE=1: the
-    # committed tiles), and the 8B step on its table, bf16 then int4 then int4 with an int4
-    # lm_head (~75 s each on a warm card); the FP8 throughput pair. (2026-12-06: the sweep at 1
-    # row took ~50 s on an H100, at 4 and 8 rows ~100 s.) Elsewhere (the H100 has those figures,
-    # 2026-12-06-late-h100.md): `rows`, W4A16 at 16-64 rows on the tl.dot kernel's new options.
+    # that would not finish is skipped). On an H200: the FP8 throughput pair (bf16, FP8 weights
+    # with an fp8 KV cache: last timed there before the fp8 decode tile's int32 words); the
+    # one-row W4A16 sweep of the stream's tiles, which the H200's table has never had, the
+    # largest shapes first (a shape done is kept); the 8B step on its table, bf16 then int4 with
+    # an int4 lm_head (the norm inside W4A16), then the same with the norm's own kernel; the
+    # CUDA tests of the norm inside W4A16. Elsewhere: `norm` (PLAN_ELSE).
     if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        bash "$0" ${PLAN_ELSE:-rows}  # another card: PLAN_ELSE (rows, big, w8, ...)
+        bash "$0" ${PLAN_ELSE:-norm}
         exit
     fi
-    Q=tests/kernels/test_triton_quant_linear.py
-    TESTS="tests/kernels/test_triton_attention.py::test_fp8_kv_cache $Q::test_w4a16_with_x_in_fixed_point_per_run_of_words" \
-        T_TESTS=${T_TESTS:-90} bash "$0" tests
-    PROBE_ROWS=${PROBE_ROWS:-1,4,8} T_PROBE=${T_PROBE:-240} SKIP_TESTS=1 ROUNDS=1 LM_HEAD=${LM_HEAD:-1} T_LAT=${T_LAT:-100} \
-        bash "$0" w4a16
-    TP_RUNS="bf16 fp8kv" KV_KINDS="" T_TP=100 bash "$0" fp8-kv
+    TP_RUNS="bf16 fp8kv" KV_KINDS="" T_TP=${T_TP:-140} bash "$0" fp8-kv
+    PROBE_ROWS=1 PROBE_SPLITK=0 PROBE_SHAPES=28672x4096,4096x14336,6144x4096,4096x4096 T_PROBE=${T_PROBE:-150} \
+        SKIP_TESTS=1 ROUNDS=0 bash "$0" w4a16
+    [ -f "$OUT/w4a16-table.json" ] && export NEXTOK_W4A16_CONFIGS=$OUT/w4a16-table.json
+    SKIP_PROBE=1 SKIP_TESTS=1 SKIP_INT4=1 ROUNDS=1 LM_HEAD=1 T_LAT=${T_LAT:-75} bash "$0" w4a16
+    step "8B decode step, int4 W4A16 with an int4 lm_head, the norm's own kernel"
+    NEXTOK_FUSE_NORM=0 latency int4-lm-head-unfused --quantization int4 --quantize-lm-head
+    step "CUDA tests: the norm inside W4A16"
+    NEXTOK_TEST_TOKENIZER=$PWD/$TOK run_for ${T_TESTS:-90} python3 -m pytest -q -p no:cacheprovider --tb=short \
+        tests/kernels/test_triton_w4a16_norm.py > "$OUT/norm-tests.txt" 2>&1
+    grep -E "^(E  |FAILED|ERROR)|passed|failed" "$OUT/norm-tests.txt" | tail -8
     ;;
 *)
-    echo "usage: $0 w4a16|gguf|tests|lat256|decode|kernels|fp8-kv|rows|big|w8|plan" >&2
+    echo "usage: $0 w4a16|norm|gguf|tests|lat256|decode|kernels|fp8-kv|rows|big|w8|plan" >&2
     exit 2
     ;;
 esac
