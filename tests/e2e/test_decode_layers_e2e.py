@@ -59,7 +59,9 @@ def test_c_decode_layers_equal_the_python_layers(model_path, dtype, activations,
 def test_steps_past_the_row_limit_run_the_python_layers(model_path):
     """float32 blocks take at most 8 rows per step: a step of 10 decoding sequences runs the
     Python layers (and their dense weights), and still gives the same outputs."""
-    llm = LLM(model=model_path, gguf_activations="float32", kv_cache_memory=64 << 20,
+    # (dtype pinned: on a CPU with bfloat16 instructions the model's own dtype is bfloat16, whose
+    # blocks take no float32 activations)
+    llm = LLM(model=model_path, dtype="float32", gguf_activations="float32", kv_cache_memory=64 << 20,
               enable_prefix_caching=False)
     assert llm.engine.runner.model.decode_layers.max_rows == 8
     with_c, without, calls = run_both(llm, PROMPTS[:10], batch=10, max_tokens=4)
