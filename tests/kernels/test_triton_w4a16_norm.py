@@ -37,7 +37,7 @@ def _layer(dtype, rows, seed):
     res = (torch.randn(rows, K, generator=gen) * 2).to(DEVICE, dtype)
     weight = (1 + 0.2 * torch.randn(K, generator=gen)).to(DEVICE, dtype)
     bias = (torch.randn(N, generator=gen) * 0.1).to(DEVICE, dtype)
-    return q, d, m, words, x, res, weight, bias
+    return q, d.to(DEVICE), m.to(DEVICE), words, x, res, weight, bias
 
 
 def _check(got, want):
