@@ -8,8 +8,6 @@
 #                                           types become: their tests on CUDA (GGUF_TESTS), then its tiles
 #                                           at the 8B layer shapes per type against bf16 (gguf_probe.py;
 #                                           GGUF_SHAPES, GGUF_TYPES, and its own PROBE_GGUF_ROWS, PROBE_BN/NW/NS)
-#   bash benchmarks/gpu/issue7.sh norm      the add + RMS norm inside the one-row W4A16 kernels: CUDA tests, the
-#                                           H200's one-row tile sweep, the 8B step with and without it, A B A B
 #   bash benchmarks/gpu/issue7.sh tests     CUDA tests of the attention kernels, the Triton engine and its
 #                                           start-up warm-up (TESTS: other files)
 #   bash benchmarks/gpu/issue7.sh lat256    the batch-256 step (512 in, 64 out, 8192-token chunks) per
@@ -98,31 +96,6 @@ w4a16)
             step "8B decode step, int4 W4A16 with an int4 lm_head (round $r)"
             latency int4-lm-head-r$r --quantization int4 --quantize-lm-head
         fi
-    done
-    ;;
-norm)
-    # The add + RMS norm inside the one-row W4A16 kernels (kernels/triton/norm_prologue.py): its
-    # CUDA tests, on an H200 first the one-row tile sweep (PROBE_*; SKIP_PROBE=1: not), then the
-    # 8B step: bf16, and int4 (LM_HEAD=1: with the int4 lm_head) with the norm's own kernel
-    # (NEXTOK_FUSE_NORM=0) and inside the matmul, A B A B for ROUNDS rounds.
-    step "CUDA tests: the norm inside W4A16"
-    NEXTOK_TEST_TOKENIZER=$PWD/$TOK run_for ${T_TESTS:-150} python3 -m pytest -q -p no:cacheprovider --tb=short \
-        tests/kernels/test_triton_w4a16_norm.py \
-        tests/e2e/test_triton_engine.py::test_int4_engine_norms_inside_the_matmul_as_with_the_norm_kernel \
-        > "$OUT/norm-tests.txt" 2>&1
-    grep -E "^(E  |FAILED|ERROR)|passed|failed" "$OUT/norm-tests.txt" | tail -12
-    if [ -z "${SKIP_PROBE:-}" ] && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        SKIP_TESTS=1 ROUNDS=0 bash benchmarks/gpu/issue7.sh w4a16
-        [ -f "$OUT/w4a16-table.json" ] && export NEXTOK_W4A16_CONFIGS=$OUT/w4a16-table.json
-    fi
-    lm=""; lab=int4
-    [ -n "${LM_HEAD:-}" ] && { lm="--quantize-lm-head"; lab=int4-lm-head; }
-    step "8B decode step, bf16"; latency bf16
-    for r in $(seq 1 ${ROUNDS:-2}); do
-        step "8B decode step, $lab, the norm's own kernel (round $r)"
-        NEXTOK_FUSE_NORM=0 latency $lab-unfused-r$r --quantization int4 $lm
-        step "8B decode step, $lab, the norm inside W4A16 (round $r)"
-        latency $lab-fused-r$r --quantization int4 $lm
     done
     ;;
 gguf)
@@ -266,26 +239,19 @@ plan)
     # with an fp8 KV cache: last timed there before the fp8 decode tile's int32 words); the
     # one-row W4A16 sweep of the stream's tiles, which the H200's table has never had, the
     # largest shapes first (a shape done is kept); the 8B step on its table, bf16 then int4 with
-    # an int4 lm_head (the norm inside W4A16), then the same with the norm's own kernel; the
-    # CUDA tests of the norm inside W4A16. Elsewhere: `norm` (PLAN_ELSE).
+    # an int4 lm_head. Elsewhere: PLAN_ELSE (rows, big, w8, ...).
     if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        bash "$0" ${PLAN_ELSE:-norm}
+        bash "$0" ${PLAN_ELSE:-rows}
         exit
     fi
     TP_RUNS="bf16 fp8kv" KV_KINDS="" T_TP=${T_TP:-140} bash "$0" fp8-kv
     PROBE_ROWS=1 PROBE_SPLITK=0 PROBE_SHAPES=28672x4096,4096x14336,6144x4096,4096x4096 T_PROBE=${T_PROBE:-150} \
         SKIP_TESTS=1 ROUNDS=0 bash "$0" w4a16
     [ -f "$OUT/w4a16-table.json" ] && export NEXTOK_W4A16_CONFIGS=$OUT/w4a16-table.json
-    SKIP_PROBE=1 SKIP_TESTS=1 SKIP_INT4=1 ROUNDS=1 LM_HEAD=1 T_LAT=${T_LAT:-75} bash "$0" w4a16
-    step "8B decode step, int4 W4A16 with an int4 lm_head, the norm's own kernel"
-    NEXTOK_FUSE_NORM=0 latency int4-lm-head-unfused --quantization int4 --quantize-lm-head
-    step "CUDA tests: the norm inside W4A16"
-    NEXTOK_TEST_TOKENIZER=$PWD/$TOK run_for ${T_TESTS:-90} python3 -m pytest -q -p no:cacheprovider --tb=short \
-        tests/kernels/test_triton_w4a16_norm.py > "$OUT/norm-tests.txt" 2>&1
-    grep -E "^(E  |FAILED|ERROR)|passed|failed" "$OUT/norm-tests.txt" | tail -8
+    SKIP_PROBE=1 SKIP_TESTS=1 SKIP_INT4=1 ROUNDS=1 LM_HEAD=1 T_LAT=${T_LAT:-100} bash "$0" w4a16
     ;;
 *)
-    echo "usage: $0 w4a16|norm|gguf|tests|lat256|decode|kernels|fp8-kv|rows|big|w8|plan" >&2
+    echo "usage: $0 w4a16|gguf|tests|lat256|decode|kernels|fp8-kv|rows|big|w8|plan" >&2
     exit 2
     ;;
 esac

@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from nextok.errors import NextokError
-from nextok.model.layers import add_norm
 from nextok.quant.base import QuantMethod, bias_parameter, scales_in_order, triton_gemv_rows
 
 Q4_1 = 3  # ggml's type id for Q4_1 blocks
@@ -39,9 +38,6 @@ Q4_1 = 3  # ggml's type id for Q4_1 blocks
 # benchmarks/gpu/gguf_probe.py times both orders). Groups of 64 and more were not timed.
 # NEXTOK_INT4_GROUP_MAJOR_MAX moves it (benchmarks/gpu/issue7.sh w4a16 GM=1 times 128).
 GROUP_MAJOR_MAX = int(os.environ.get("NEXTOK_INT4_GROUP_MAJOR_MAX", "32"))
-# The norm before qkv and gate_up inside the one-row W4A16 kernels (Int4Linear.forward_add_norm);
-# NEXTOK_FUSE_NORM=0: the norm's own kernel, to time one against the other
-FUSE_NORM = os.environ.get("NEXTOK_FUSE_NORM", "1") != "0"
 # A step past the kernels' rows dequantizes W to x's dtype and multiplies densely: at most this
 # many elements of W at a time (256 MB in bfloat16), in row chunks past it. Every Llama-3.1-8B
 # decoder matrix fits whole; an int4 lm_head (--quantize-lm-head, 128256 x 4096) would take a
@@ -212,31 +208,6 @@ class Int4Linear(nn.Module):
 
             words = untile_words(self.qweight[a:b], self.layout)
         return dequantize_groups(unpack_words(words), d, m).to(x.dtype)
-
-    def forward_add_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm) -> tuple:
-        """(self(norm(x + residual)), x + residual), x and residual [T, in] (model/layers.py
-        norm_then_linear): on CUDA, decode-sized steps the dp4a kernels take norm x inside the
-        matmul (kernels/triton/norm_prologue.py: one launch less, twice a layer); else the
-        norm's own kernel first."""
-        if self._fuses_norm(x, residual, norm):
-            from nextok.kernels.triton.w4a16 import NormIn, w4a16
-
-            out = torch.empty_like(x) if residual is not None else None
-            bias = None if self.bias is None else self.bias.to(x.dtype)
-            y = w4a16(x, self.qweight, self.scales, self.mins, bias, layout=self.layout,
-                      norm=NormIn(residual, norm.weight, norm.eps, out))
-            return y, (x if residual is None else out)
-        h, residual = add_norm(norm, x, residual)
-        return self(h), residual
-
-    def _fuses_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm) -> bool:
-        if not (self._kernel_step(x) and FUSE_NORM and x.stride(-1) == 1 and norm.weight.dtype == x.dtype
-                and (residual is None or residual.is_contiguous())):
-            return False
-        from nextok.kernels.triton.w4a16 import takes_norm
-
-        return takes_norm(x.shape[0], self.out_features, self.in_features,
-                          self.in_features // self.scales.shape[1], x.device)
 
     def forward_silu_mul(self, gate_up: torch.Tensor, ops) -> torch.Tensor:
         """The down projection of silu(gate) * up, gate_up [T, 2 in] (model/layers.py SwiGLU):

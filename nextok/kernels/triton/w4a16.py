@@ -54,7 +54,6 @@ from triton.runtime.jit import JITFunction
 from nextok.kernels.triton import pdl, w4a16_tiles
 from nextok.kernels.triton.int4_words import _tile_ptrs, _tile_step, can_tile, layout_args
 from nextok.kernels.triton.dp4a import _tile_products
-from nextok.kernels.triton.norm_prologue import NormIn, _norm_rstd, _normed, no_norm
 from nextok.kernels.triton.pdl import pdl_wait
 from nextok.kernels.triton.split_k import store_split_k
 from nextok.kernels.triton.w4a16_dot import _w4a16_dot_kernel
@@ -76,16 +75,11 @@ def _w_tile(w_tile, wword, kw0, n_ok4, kw_lo, kw_hi, kw_last, LN: tl.constexpr, 
 
 
 @triton.jit
-def _x_tile(xsrc, xw, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL: tl.constexpr, NORM: tl.constexpr = 0):
+def _x_tile(x_rows, xw, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL: tl.constexpr):
     # x's words xw of the program's rows [BLOCK_M, GT, WPG, 8] as stored, and with SILU_MUL the
-    # up half's beside them (else x again). xsrc: (x's words at word 0 [BLOCK_M, 1, 1, 8], and
-    # for NORM the residual's and the norm weight's, and rstd [BLOCK_M, 1, 1, 1]): NORM's x is
-    # normed as loaded (norm_prologue.py)
-    x_rows, res_tile, g_tile, rstd = xsrc
+    # up half's beside them (else x again)
     x_ok = xrow_ok & (xw >= kw_lo) & (xw < kw_hi)
     x = tl.load(x_rows + xw * 8, mask=x_ok, other=0.0)
-    if NORM:
-        x = _normed(x, res_tile, g_tile, rstd, xw, x_ok, NORM)
     up = x
     if SILU_MUL:
         up = tl.load(x_rows + 8 * KW + xw * 8, mask=x_ok, other=0.0)
@@ -111,27 +105,25 @@ def _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, S_DN, S_DG, WPG: tl.con
 
 
 @triton.jit
-def _tile_loads(w_tile, wword, kw0, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, S_DN, S_DG, xsrc, xword,
+def _tile_loads(w_tile, wword, kw0, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, S_DN, S_DG, x_rows, xword,
                 xrow_ok, TW: tl.constexpr, WPG: tl.constexpr, GT: tl.constexpr, LN: tl.constexpr,
-                EVEN: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr = 0):
+                EVEN: tl.constexpr, SILU_MUL: tl.constexpr):
     # everything the tile at word kw0 multiplies: (W's words, x, up, d, m) (UNROLL's buffers)
     w = _w_tile(w_tile, wword, kw0, n_ok4, kw_lo, kw_hi, KW - TW, LN, EVEN)
     d, mn = _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, S_DN, S_DG, WPG, GT, EVEN)
-    x, up = _x_tile(xsrc, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL, NORM)
+    x, up = _x_tile(x_rows, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
     return w, x, up, d, mn
 
 
 @triton.jit
 def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-                       res_ptr, g_ptr, r_out_ptr, s_rm, eps,
                        M, N, KW, G, S_DN, S_DG, s_xm, s_ym, WPG: tl.constexpr, GT: tl.constexpr,
                        SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                        INTERPRET: tl.constexpr, KW_INTERPRET: tl.constexpr, LN: tl.constexpr,
                        LW: tl.constexpr, DEPTH: tl.constexpr, XAHEAD: tl.constexpr,
                        EVEN: tl.constexpr, UNROLL: tl.constexpr = 0, XRUN: tl.constexpr = 0,
-                       PIPE: tl.constexpr = 0, NORM: tl.constexpr = 0, K_NORM: tl.constexpr = 0,
-                       CH_NORM: tl.constexpr = 1):
+                       PIPE: tl.constexpr = 0):
     # Grid (cdiv(N, BLOCK_N) * SPLIT * cdiv(M, BLOCK_M),): a program takes BLOCK_M rows of x,
     # BLOCK_N rows of W and a SPLIT-th of K; the programs of one tile of W run side by side, so
     # its bytes come from DRAM once. x [M, 8 KW]; words [N, KW]; d, m [N, G]; y [M, N]. A tile:
@@ -143,8 +135,6 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     # SILU_MUL: x's rows are an MLP's gate and up halves, [M, 16 KW], and the kernel multiplies
     # silu(gate) * up, rounded as the separate silu_mul kernel (fused.py) rounds it: the down
     # projection without that kernel's launch and round trip through memory.
-    # NORM (norm_prologue.py): x's rows are normed first, x (+ res [M, K]) -> rms_norm * g, and
-    # the first split of the first tile writes the new residual to r_out.
     TW: tl.constexpr = GT * WPG
     mb = tl.cdiv(M, BLOCK_M)
     rblock = tl.program_id(0) % mb
@@ -199,13 +189,8 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
     if XAHEAD and not PIPE:
         d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw_start, kw_lo, kw_hi, G, S_DN, S_DG, WPG, GT, EVEN)
     pdl_wait(PDL)
-    xsrc = (x_rows, x_rows, x_rows, tl.full([BLOCK_M, 1, 1, 1], 1.0, dtype=tl.float32))
-    if NORM:
-        rstd = _norm_rstd(x_ptr, res_ptr, r_out_ptr, rows, row_ok, s_xm, s_rm, (tile == 0) & (split == 0), eps,
-                          NORM, K_NORM, CH_NORM)
-        xsrc = (x_rows, res_ptr + xrow * s_rm + col, g_ptr + col, rstd[:, None, None, None])
     if XAHEAD and not PIPE:
-        x_next, up_next = _x_tile(xsrc, kw_start + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL, NORM)
+        x_next, up_next = _x_tile(x_rows, kw_start + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
     # PIPE (>= 2): the loop as written, each tile's loads in its own turn, and Triton's software
     # pipeline (a loop with its own num_stages: loads that feed no tl.dot too) issues them PIPE - 1
     # turns ahead as asynchronous copies into shared memory, which hold the tiles in flight
@@ -218,7 +203,7 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
         for kw0 in tl.range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi, TW,
                             num_stages=PIPE):
             w, x, up, d, mn = _tile_loads(w_tile, wword, kw0, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok,
-                                          G, S_DN, S_DG, xsrc, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL, NORM)
+                                          G, S_DN, S_DG, x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
             acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, BLOCK_M,
                                  BLOCK_N, GT, WPG, INTERPRET, XRUN)
     # UNROLL (with XAHEAD): the loop takes DEPTH + 1 tiles a turn, each in buffers of its own
@@ -232,29 +217,29 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
         if DEPTH == 2:
             b_w = w_after
             b_d, b_m = _scales(d_ptr, m_ptr, n, n_ok, kw_start + TW, kw_lo, kw_hi, G, S_DN, S_DG, WPG, GT, EVEN)
-            b_x, b_up = _x_tile(xsrc, kw_start + TW + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL, NORM)
+            b_x, b_up = _x_tile(x_rows, kw_start + TW + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
         for kw0 in range(0 if INTERPRET else kw_first, KW_INTERPRET if INTERPRET else kw_hi,
                          (DEPTH + 1) * TW):
             if DEPTH == 1:
                 b_w, b_x, b_up, b_d, b_m = _tile_loads(
                     w_tile, wword, kw0 + TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, S_DN, S_DG,
-                    xsrc, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL, NORM)
+                    x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
             else:
                 c_w, c_x, c_up, c_d, c_m = _tile_loads(
                     w_tile, wword, kw0 + 2 * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, S_DN, S_DG,
-                    xsrc, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL, NORM)
+                    x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
             acc = _tile_products(acc, a_w, a_x, a_up, a_d, a_m, x_ptr.dtype.element_ty, SILU_MUL,
                                  BLOCK_M, BLOCK_N, GT, WPG, INTERPRET, XRUN)
             a_w, a_x, a_up, a_d, a_m = _tile_loads(
                 w_tile, wword, kw0 + (DEPTH + 1) * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok,
-                G, S_DN, S_DG, xsrc, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL, NORM)
+                G, S_DN, S_DG, x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
             if kw0 + TW < (KW_INTERPRET if INTERPRET else kw_hi):
                 acc = _tile_products(acc, b_w, b_x, b_up, b_d, b_m, x_ptr.dtype.element_ty, SILU_MUL,
                                      BLOCK_M, BLOCK_N, GT, WPG, INTERPRET, XRUN)
             if DEPTH == 2:
                 b_w, b_x, b_up, b_d, b_m = _tile_loads(
                     w_tile, wword, kw0 + 4 * TW, n_ok4, kw_lo, kw_hi, KW, d_ptr, m_ptr, n, n_ok, G, S_DN, S_DG,
-                    xsrc, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL, NORM)
+                    x_rows, xword, xrow_ok, TW, WPG, GT, LN, EVEN, SILU_MUL)
                 if kw0 + 2 * TW < (KW_INTERPRET if INTERPRET else kw_hi):
                     acc = _tile_products(acc, c_w, c_x, c_up, c_d, c_m, x_ptr.dtype.element_ty,
                                          SILU_MUL, BLOCK_M, BLOCK_N, GT, WPG, INTERPRET, XRUN)
@@ -268,10 +253,10 @@ def _w4a16_dp4a_kernel(x_ptr, w_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count
                 w_next = _w_tile(w_tile, wword, kw0 + TW, n_ok4, kw_lo, kw_hi, KW - TW, LN, EVEN)
             if XAHEAD:
                 x, up, d, mn = x_next, up_next, d_next, mn_next
-                x_next, up_next = _x_tile(xsrc, kw0 + TW + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL, NORM)
+                x_next, up_next = _x_tile(x_rows, kw0 + TW + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
                 d_next, mn_next = _scales(d_ptr, m_ptr, n, n_ok, kw0 + TW, kw_lo, kw_hi, G, S_DN, S_DG, WPG, GT, EVEN)
             else:
-                x, up = _x_tile(xsrc, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL, NORM)
+                x, up = _x_tile(x_rows, kw0 + xword, xrow_ok, kw_lo, kw_hi, KW, SILU_MUL)
                 d, mn = _scales(d_ptr, m_ptr, n, n_ok, kw0, kw_lo, kw_hi, G, S_DN, S_DG, WPG, GT, EVEN)
             acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, BLOCK_M,
                                  BLOCK_N, GT, WPG, INTERPRET, XRUN)
@@ -303,20 +288,13 @@ def supports(k: int, group: int) -> bool:
     return group >= 32 and group & (group - 1) == 0 and k % group == 0
 
 
-def takes_norm(rows: int, n: int, k: int, group: int, device: torch.device) -> bool:
-    """Whether a call of `rows` rows runs a kernel that takes `norm` (the dp4a ones: 1-8 rows)."""
-    return not w4a16_tiles.config(rows, n, k, group, device)[0]
-
-
 def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
           bias: torch.Tensor | None = None, silu_mul: bool = False,
-          layout: tuple[int, int] | None = None, norm: NormIn | None = None) -> torch.Tensor:
+          layout: tuple[int, int] | None = None) -> torch.Tensor:
     """x [M, K] @ (d * q + m).T (+ bias): words int32 [N, K / 8] (in tiles if layout:
     int4_words.tile_words), d and m float16 [N, G].
     silu_mul: x is [M, 2K], an MLP's gate and up halves, and the product takes silu(gate) * up
-    (in the one-row kernel; the tl.dot one, for more rows, gets it from the silu_mul kernel).
-    norm: the product takes rms_norm(x + residual) * weight instead of x, and writes x + residual
-    to norm.residual_out (norm_prologue.py; the dp4a kernels only: takes_norm)."""
+    (in the one-row kernel; the tl.dot one, for more rows, gets it from the silu_mul kernel)."""
     rows, k = x.shape
     if silu_mul:
         k //= 2
@@ -336,16 +314,9 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
         raise ValueError(f"words {list(words.shape)} do not make tiles of {layout} (rows, words)")
     if d.stride() != m.stride() or 1 not in d.stride():
         raise ValueError(f"d and m must share row- or group-major strides, not {d.stride()} and {m.stride()}")
-    if norm is not None:
-        if silu_mul:
-            raise ValueError("W4A16 takes a norm or silu_mul of its x, not both")
-        norm.check(x)
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if rows:
         dot, cfg = w4a16_tiles.config(rows, n, k, group, x.device)
-        if norm is not None and dot:
-            raise ValueError(f"W4A16 at {rows} rows runs the tl.dot kernel, which takes no norm (takes_norm)")
-        nargs, nconst = norm.kernel_args(x, cfg["BLOCK_M"]) if norm is not None else no_norm(x)
         if layout and (cfg["GT"] * group // 8) % layout[1]:
             raise ValueError(f"a tile of {cfg['GT'] * group // 8} words does not read whole "
                              f"{layout[1]}-word tiles")
@@ -361,7 +332,7 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
         if not dot and cfg.get("STREAM"):  # one row only (w4a16_tiles._tile)
             from nextok.kernels.triton.w4a16_stream import stream
 
-            stream(x, words, d, m, bias, y, silu_mul, layout, use_pdl, cfg, nargs, nconst)
+            stream(x, words, d, m, bias, y, silu_mul, layout, use_pdl, cfg)
         else:  # a grid of (tile of W, split of K, block of rows), both kernels
             tiles, mb = triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(rows, cfg["BLOCK_M"])
             part, count = _scratch(x.device, cfg["SPLIT"] * rows * n, tiles * mb)
@@ -372,7 +343,7 @@ def w4a16(x: torch.Tensor, words: torch.Tensor, d: torch.Tensor, m: torch.Tensor
                                         GROUP_MAJOR=d.stride(1) != 1, **common)
             else:
                 _w4a16_dp4a_kernel[grid](
-                    *args, part, count, *nargs, rows, n, kw, d.shape[1], *d.stride(), x.stride(0), y.stride(0),
+                    *args, part, count, rows, n, kw, d.shape[1], *d.stride(), x.stride(0), y.stride(0),
                     SILU_MUL=silu_mul, EVEN=n % cfg["BLOCK_N"] == 0 and kw % (cfg["GT"] * group // 8) == 0,
-                    **common, **nconst)
+                    **common)
     return y

@@ -26,18 +26,15 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from nextok.kernels.triton.int4_words import _tile_ptrs, _tile_step, layout_args
 from nextok.kernels.triton.pdl import pdl_wait
 from nextok.kernels.triton.dp4a import _tile_products
-from nextok.kernels.triton.norm_prologue import _norm_rstd
 from nextok.kernels.triton.w4a16 import INTERPRETED, _scales, _scratch, _x_tile
 
 
 @triton.jit
 def _w4a16_stream_kernel(x_ptr, w_ptr, w_desc, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-                         res_ptr, g_ptr, r_out_ptr, s_rm, eps,
                          N, KW, G, S_DN, S_DG, WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
                          SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                          INTERPRET: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr,
-                         XRUN: tl.constexpr = 0, PIPE: tl.constexpr = 0, TMA: tl.constexpr = 0,
-                         NORM: tl.constexpr = 0, K_NORM: tl.constexpr = 0, CH_NORM: tl.constexpr = 1):
+                         XRUN: tl.constexpr = 0, PIPE: tl.constexpr = 0, TMA: tl.constexpr = 0):
     # One row of x, as a stream: the steps (row tile r of BLOCK_N rows of W, K tile of TW
     # words), row tile by row tile and K in order within one, are cut into num_programs equal
     # runs, one a program. A program streams its run with the next step's words in flight and
@@ -48,8 +45,6 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, w_desc, d_ptr, m_ptr, b_ptr, y_ptr, part_
     # to finish adds them in slot order and writes y. x [1, 8 KW] (SILU_MUL: [1, 16 KW]);
     # words [N, KW]; d, m [N, G]; y [1, N]; count [cdiv(N, BLOCK_N)] zeros. TMA (with PIPE):
     # W's words through the descriptor w_desc (stream() makes it), else w_desc is None.
-    # NORM (norm_prologue.py): x normed first (x + res -> rms_norm * g); program 0 writes the
-    # new residual to r_out.
     TW: tl.constexpr = GT * WPG
     T = tl.cdiv(KW, TW)  # K tiles a row tile
     total = tl.cdiv(N, BLOCK_N) * T
@@ -64,22 +59,21 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, w_desc, d_ptr, m_ptr, b_ptr, y_ptr, part_
     x_rows = x_ptr + tl.arange(0, 8)[None, None, None, :]
     if PIPE:  # each step's loads in its own turn, issued PIPE - 1 steps ahead by Triton (w4a16.py)
         pdl_wait(PDL)
-        xsrc = _x_source(x_ptr, x_rows, res_ptr, g_ptr, r_out_ptr, s_rm, eps, pid, NORM, K_NORM, CH_NORM)
         acc = tl.zeros([1, BLOCK_N, GT, WPG // 4], dtype=tl.float32)
         if INTERPRET:
             it = it_lo
             while it < it_hi:
                 acc = _stream_pipe_step(acc, it, it + 1 < it_hi, T, total, P, pid, w_tile, w_desc, wword, lane,
-                                        xsrc, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N,
+                                        x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N,
                                         KW, G, S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, LW,
-                                        XRUN, TMA, NORM)
+                                        XRUN, TMA)
                 it += 1
         else:
             for it in tl.range(it_lo, it_hi, num_stages=PIPE):
                 acc = _stream_pipe_step(acc, it, it + 1 < it_hi, T, total, P, pid, w_tile, w_desc, wword, lane,
-                                        xsrc, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N,
+                                        x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N,
                                         KW, G, S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, LW,
-                                        XRUN, TMA, NORM)
+                                        XRUN, TMA)
     else:
         # the step as (row tile, first word), carried from step to step: no division in the loop
         r = it_lo // T
@@ -88,8 +82,7 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, w_desc, d_ptr, m_ptr, b_ptr, y_ptr, part_
         w_next = _stream_w(w_tile, wword, lane, r, kw0, it_lo < it_hi, N, KW, BLOCK_N, LN)
         sc_next = _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, S_DN, S_DG, BLOCK_N, WPG, GT)
         pdl_wait(PDL)
-        xsrc = _x_source(x_ptr, x_rows, res_ptr, g_ptr, r_out_ptr, s_rm, eps, pid, NORM, K_NORM, CH_NORM)
-        x_next = _x_tile(xsrc, kw0 + xword, True, 0, KW, KW, SILU_MUL, NORM)
+        x_next = _x_tile(x_rows, kw0 + xword, True, 0, KW, KW, SILU_MUL)
         acc = tl.zeros([1, BLOCK_N, GT, WPG // 4], dtype=tl.float32)
         # (the interpreter cannot loop between runtime bounds: a while loop there, as in
         # attention.py; compiled code keeps the for loop)
@@ -98,23 +91,23 @@ def _w4a16_stream_kernel(x_ptr, w_ptr, w_desc, d_ptr, m_ptr, b_ptr, y_ptr, part_
             while it < it_hi:
                 acc, w_next, sc_next, x_next, r, kw0 = _stream_step(
                     acc, w_next, sc_next, x_next, r, kw0, it + 1 < it_hi, T, total, P, pid, w_tile,
-                    wword, lane, xsrc, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-                    N, KW, G, S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN, NORM)
+                    wword, lane, x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
+                    N, KW, G, S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN)
                 it += 1
         else:
             for it in range(it_lo, it_hi):
                 acc, w_next, sc_next, x_next, r, kw0 = _stream_step(
                     acc, w_next, sc_next, x_next, r, kw0, it + 1 < it_hi, T, total, P, pid, w_tile,
-                    wword, lane, xsrc, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-                    N, KW, G, S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN, NORM)
+                    wword, lane, x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
+                    N, KW, G, S_DN, S_DG, WPG, GT, HAS_BIAS, SILU_MUL, BLOCK_N, INTERPRET, LN, XRUN)
 
 
 @triton.jit
 def _stream_step(acc, w_next, sc_next, x_next, r, kw0, more, T, total, P, pid, w_tile, wword, lane,
-                 xsrc, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G,
+                 x_rows, xword, x_ptr, d_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G,
                  S_DN, S_DG, WPG: tl.constexpr, GT: tl.constexpr, HAS_BIAS: tl.constexpr,
                  SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
-                 LN: tl.constexpr, XRUN: tl.constexpr, NORM: tl.constexpr):
+                 LN: tl.constexpr, XRUN: tl.constexpr):
     # The step at (row tile r, word kw0): its products from what the last step loaded, the
     # next step's words, scales and x loaded meanwhile (W's not past the run: `more`); at the
     # row tile's last K tile or the run's last step the sums leave (_stream_flush).
@@ -128,7 +121,7 @@ def _stream_step(acc, w_next, sc_next, x_next, r, kw0, more, T, total, P, pid, w
     x, up = x_next
     w_next = _stream_w(w_tile, wword, lane, r_next, kw_next, more, N, KW, BLOCK_N, LN)
     sc_next = _stream_scales(d_ptr, m_ptr, lane, r_next, kw_next, N, KW, G, S_DN, S_DG, BLOCK_N, WPG, GT)
-    x_next = _x_tile(xsrc, kw_next + xword, True, 0, KW, KW, SILU_MUL, NORM)
+    x_next = _x_tile(x_rows, kw_next + xword, True, 0, KW, KW, SILU_MUL)
     acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, 1, BLOCK_N, GT,
                          WPG, INTERPRET, XRUN)
     if last_k | (not more):
@@ -139,11 +132,11 @@ def _stream_step(acc, w_next, sc_next, x_next, r, kw0, more, T, total, P, pid, w
 
 
 @triton.jit
-def _stream_pipe_step(acc, it, more, T, total, P, pid, w_tile, w_desc, wword, lane, xsrc, xword, x_ptr, d_ptr,
+def _stream_pipe_step(acc, it, more, T, total, P, pid, w_tile, w_desc, wword, lane, x_rows, xword, x_ptr, d_ptr,
                       m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, KW, G, S_DN, S_DG, WPG: tl.constexpr,
                       GT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr,
                       INTERPRET: tl.constexpr, LN: tl.constexpr, LW: tl.constexpr, XRUN: tl.constexpr,
-                      TMA: tl.constexpr, NORM: tl.constexpr):
+                      TMA: tl.constexpr):
     # PIPE's step `it`: (row tile r, word kw0) from it itself, not carried, so that the
     # pipeline can compute a later step's addresses ahead (a division a step: ~20 instructions
     # against a tile's ~500); its loads, its products, and the sums out at the row tile's
@@ -156,7 +149,7 @@ def _stream_pipe_step(acc, it, more, T, total, P, pid, w_tile, w_desc, wword, la
     else:
         w = _stream_w(w_tile, wword, lane, r, kw0, True, N, KW, BLOCK_N, LN)
     d, mn = _stream_scales(d_ptr, m_ptr, lane, r, kw0, N, KW, G, S_DN, S_DG, BLOCK_N, WPG, GT)
-    x, up = _x_tile(xsrc, kw0 + xword, True, 0, KW, KW, SILU_MUL, NORM)
+    x, up = _x_tile(x_rows, kw0 + xword, True, 0, KW, KW, SILU_MUL)
     acc = _tile_products(acc, w, x, up, d, mn, x_ptr.dtype.element_ty, SILU_MUL, 1, BLOCK_N, GT, WPG, INTERPRET,
                          XRUN)
     if (kw0 + TW >= KW) | (not more):
@@ -164,23 +157,6 @@ def _stream_pipe_step(acc, it, more, T, total, P, pid, w_tile, w_desc, wword, la
                       part_ptr, count_ptr, N, HAS_BIAS, LANES=True)
         acc = tl.zeros_like(acc)
     return acc
-
-
-@triton.jit
-def _x_source(x_ptr, x_rows, res_ptr, g_ptr, r_out_ptr, s_rm, eps, pid, NORM: tl.constexpr, K_NORM: tl.constexpr,
-              CH_NORM: tl.constexpr):
-    # _x_tile's xsrc for the one row: with NORM its rstd (program 0 writes the new residual).
-    # (one return of one type: sm_90's compiler refuses constexpr branches that return others)
-    rstd = tl.full([1, 1, 1, 1], 1.0, dtype=tl.float32)
-    res_tile = x_rows
-    g_tile = x_rows
-    if NORM:
-        row = tl.zeros([1], dtype=tl.int32)
-        rstd = _norm_rstd(x_ptr, res_ptr, r_out_ptr, row, row == 0, 0, s_rm, pid == 0, eps, NORM, K_NORM,
-                          CH_NORM)[:, None, None, None]
-        res_tile = res_ptr + tl.arange(0, 8)[None, None, None, :]
-        g_tile = g_ptr + tl.arange(0, 8)[None, None, None, :]
-    return x_rows, res_tile, g_tile, rstd
 
 
 @triton.jit
@@ -270,10 +246,8 @@ def _stream_flush(out, r, n, T, total, P, pid, b_ptr, y_ptr, part_ptr, count_ptr
             tl.store(y_ptr + n[None, :], out.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
-def stream(x, words, d, m, bias, y, silu_mul: bool, layout, use_pdl: bool, cfg: dict, nargs: tuple,
-           nconst: dict) -> None:
-    """One row through _w4a16_stream_kernel on cfg["STREAM"] programs (at most one a step);
-    nargs, nconst: the norm's (norm_prologue.py)."""
+def stream(x, words, d, m, bias, y, silu_mul: bool, layout, use_pdl: bool, cfg: dict) -> None:
+    """One row through _w4a16_stream_kernel on cfg["STREAM"] programs (at most one a step)."""
     n, kw = words.shape
     block_n, gt = cfg["BLOCK_N"], cfg["GT"]
     wpg = kw // d.shape[1]
@@ -291,11 +265,11 @@ def stream(x, words, d, m, bias, y, silu_mul: bool, layout, use_pdl: bool, cfg: 
         raise ValueError("TMA's copies are issued by Triton's pipeline: a stream tile with TMA takes PIPE")
     _w4a16_stream_kernel[(programs,)](
         x, words, _descriptor(words, block_n, gt * wpg, lay) if tma else None, d, m,
-        bias if bias is not None else d, y, part, count, *nargs, n, kw, d.shape[1], *d.stride(),
+        bias if bias is not None else d, y, part, count, n, kw, d.shape[1], *d.stride(),
         WPG=wpg, GT=gt, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, PDL=use_pdl,
         XRUN=cfg.get("XRUN", 0), PIPE=cfg.get("PIPE", 0), TMA=tma,
         INTERPRET=INTERPRETED, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        launch_pdl=use_pdl, **lay, **nconst)
+        launch_pdl=use_pdl, **lay)
 
 
 def _descriptor(words, block_n: int, tw: int, lay: dict) -> TensorDescriptor:
